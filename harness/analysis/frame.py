@@ -1,0 +1,154 @@
+"""Records (on-disk JSON dicts) to a tidy pandas frame, plus the end-of-sweep summary."""
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+
+METRICS = ("acc", "la", "bwt", "forgetting", "fwt", "aia")
+# Metrics where a larger value is better; forgetting is the one exception.
+HIGHER_IS_BETTER = {"acc": True, "la": True, "bwt": True, "forgetting": False,
+                    "fwt": True, "aia": True}
+COLUMNS = ("run_id", "status", "error", "protocol", "protocol_version", "dataset",
+           "regime", "regime_depth", "n_blocks", "method", "method_name", "order", "seed",
+           *METRICS, "mean_update_norm", "drift", "trainable_params", "total_params",
+           "total_s", "is_submission")
+
+
+def _num(x) -> float:
+    """A float, or NaN for None / non-numbers (nothing is imputed, NaN stays NaN)."""
+    if isinstance(x, bool) or x is None:
+        return math.nan
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _mean_norm(shared) -> float:
+    vals = [_num(v) for v in (shared or [])]
+    vals = [v for v in vals if not math.isnan(v)]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def _row(rec: dict) -> dict:
+    spec = rec.get("spec") or {}
+    ds = spec.get("dataset") or {}
+    metrics = rec.get("metrics") or {}
+    norms = rec.get("update_norms") or {}
+    params = rec.get("params") or {}
+    prov = rec.get("provenance") or {}
+    return {
+        "run_id": str(rec.get("run_id", "")),
+        "status": str(rec.get("status", "failed")),
+        "error": rec.get("error"),
+        "protocol": str(spec.get("protocol", "")),
+        "protocol_version": str(spec.get("protocol_version", "")),
+        "dataset": str(ds.get("name", "")),
+        "regime": str(spec.get("regime", "")),
+        "regime_depth": _num(rec.get("regime_depth")),
+        "n_blocks": _num(rec.get("n_blocks")),
+        "method": str(spec.get("label") or spec.get("method", "")),
+        "method_name": str(spec.get("method", "")),
+        "order": int(spec.get("order", 0)),
+        "seed": int(spec.get("seed", 0)),
+        **{m: _num(metrics.get(m)) for m in METRICS},
+        "mean_update_norm": _mean_norm(norms.get("shared")),
+        "drift": _num(norms.get("drift")),
+        "trainable_params": _num(params.get("trainable")),
+        "total_params": _num(params.get("total")),
+        "total_s": _num((rec.get("timings") or {}).get("total_s")),
+        "is_submission": bool(prov.get("submission")),
+    }
+
+
+def records_to_frame(records) -> pd.DataFrame:
+    """One row per record (failed runs included, their metrics NaN)."""
+    frame = pd.DataFrame([_row(r) for r in records], columns=list(COLUMNS))
+    return frame.astype({"order": "int64", "seed": "int64", "is_submission": "bool"})
+
+
+def regime_key(name: str) -> tuple:
+    """Sort key from the regime name alone: head < last-1 < last-2 < ... < full < others."""
+    if name == "head":
+        return (0, 0, name)
+    m = re.fullmatch(r"last-(\d+)", name)
+    if m:
+        return (1, int(m.group(1)), name)
+    if name == "full":
+        return (2, 0, name)
+    return (3, 0, name)
+
+
+def regime_order(frame: pd.DataFrame) -> list[str]:
+    """Regimes ordered by depth (median recorded depth, then the name as tie-break)."""
+    if frame.empty:
+        return []
+    depth = frame.groupby("regime")["regime_depth"].median()
+    return sorted(depth.index, key=lambda r: (_nan_last(depth[r]), regime_key(r)))
+
+
+def _nan_last(x: float) -> float:
+    return math.inf if math.isnan(x) else float(x)
+
+
+def ok_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """Runs that finished with status ok (the only ones statistics use)."""
+    return frame[frame["status"] == "ok"]
+
+
+def percent_scale(frame: pd.DataFrame) -> float:
+    """100 when accuracies are stored as fractions in [0, 1], else 1 (already percent)."""
+    acc = frame[["acc", "la"]].abs().max().max() if len(frame) else math.nan
+    return 1.0 if (not math.isnan(acc) and acc > 1.5) else 100.0
+
+
+def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset, method x regime: mean ACC and forgetting over ok runs, n ok and n not-ok."""
+    cols = ["dataset", "method", "regime", "acc", "forgetting", "n", "n_failed"]
+    if frame.empty:
+        return pd.DataFrame(columns=cols)
+    keys = ["dataset", "method", "regime"]
+    ok = frame["status"] == "ok"
+    g = frame.assign(n=ok.astype(int), n_failed=(~ok).astype(int),
+                     acc=frame["acc"].where(ok), forgetting=frame["forgetting"].where(ok))
+    out = g.groupby(keys, sort=False).agg(acc=("acc", "mean"), forgetting=("forgetting", "mean"),
+                                         n=("n", "sum"), n_failed=("n_failed", "sum"))
+    out = out.reset_index()
+    rank = {r: i for i, r in enumerate(regime_order(frame))}
+    out["_r"] = out["regime"].map(rank)
+    out = out.sort_values(["dataset", "method", "_r"], kind="stable").drop(columns="_r")
+    return out[cols].reset_index(drop=True)
+
+
+def format_summary(frame: pd.DataFrame) -> str:
+    """Compact plain-text table: per dataset, method rows x regime columns, 'ACC/F (n)' in %."""
+    table = summary_table(frame)
+    if table.empty:
+        return "no runs"
+    scale = percent_scale(frame)
+    regimes = regime_order(frame)
+    lines = ["cells: ACC % / forgetting % (ok runs[, !failed]); mean over task orders and seeds"]
+    for ds, sub in table.groupby("dataset", sort=True):
+        cells = {(r.method, r.regime): _cell(r, scale) for r in sub.itertuples()}
+        present = [r for r in regimes if r in set(sub["regime"])]
+        methods = list(dict.fromkeys(sub["method"]))
+        width = [max(len(m) for m in methods + ["method"])] + [
+            max([len(r)] + [len(cells.get((m, r), "-")) for m in methods]) for r in present]
+        lines += ["", f"dataset: {ds}", _fmt_line(["method", *present], width)]
+        for m in methods:
+            lines.append(_fmt_line([m, *(cells.get((m, r), "-") for r in present)], width))
+    return "\n".join(lines)
+
+
+def _cell(r, scale: float) -> str:
+    acc = "n/a" if math.isnan(r.acc) else f"{r.acc * scale:.1f}"
+    fgt = "n/a" if math.isnan(r.forgetting) else f"{r.forgetting * scale:.1f}"
+    failed = f", !{r.n_failed}" if r.n_failed else ""
+    return f"{acc}/{fgt} ({r.n}{failed})"
+
+
+def _fmt_line(items, width) -> str:
+    return "  ".join(str(s).ljust(w) for s, w in zip(items, width)).rstrip()
