@@ -1,0 +1,93 @@
+"""Coverage rules: which methods have every cell of a comparison (nothing is imputed)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from harness.analysis.frame import regime_order
+
+UNIT = ["order", "seed"]  # one replicate; seeds are averaged within an order afterwards
+
+
+def unit_matrix(sub: pd.DataFrame, metric: str = "acc") -> pd.DataFrame:
+    """(order, seed) x method values of `metric` over ok runs; NaN marks a failed/missing cell.
+
+    Rows are every (order, seed) seen in `sub` for any method, failed runs included,
+    so a method that failed or never ran there shows a hole.
+    """
+    units = pd.MultiIndex.from_frame(sub[UNIT].drop_duplicates().sort_values(UNIT))
+    ok = sub[(sub["status"] == "ok") & sub[metric].notna()]
+    wide = ok.pivot_table(index=UNIT, columns="method", values=metric, aggfunc="mean")
+    methods = sorted(sub["method"].unique())
+    return wide.reindex(index=units, columns=methods)
+
+
+def complete(mat: pd.DataFrame) -> tuple[list[str], list[str]]:
+    """(methods with every cell, methods missing at least one) of a unit matrix."""
+    full = mat.notna().all(axis=0)
+    return sorted(full.index[full]), sorted(full.index[~full])
+
+
+def order_matrix(mat: pd.DataFrame, methods: list[str]) -> pd.DataFrame:
+    """Average seeds within each task order: order x method."""
+    return mat[methods].groupby(level="order").mean()
+
+
+def coverage_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per (dataset, regime, method): expected replicates, ok, failed by status, missing."""
+    rows = []
+    order = {r: i for i, r in enumerate(regime_order(frame))}
+    for (ds, rg), sub in frame.groupby(["dataset", "regime"], sort=False):
+        n_units = len(sub[UNIT].drop_duplicates())
+        full = set(complete(unit_matrix(sub))[0])
+        for m in sorted(frame.loc[frame["dataset"] == ds, "method"].unique()):
+            own = sub[sub["method"] == m]
+            n_ok = int(((own["status"] == "ok") & own["acc"].notna()).sum())
+            bad = own[own["status"] != "ok"]["status"].value_counts().to_dict()
+            rows.append({"dataset": ds, "regime": rg, "method": m, "expected": n_units,
+                         "ok": n_ok, "not_ok": int(sum(bad.values())),
+                         "statuses": ", ".join(f"{k}: {v}" for k, v in sorted(bad.items())),
+                         "missing": max(n_units - len(own[UNIT].drop_duplicates()), 0),
+                         "complete": m in full})
+    out = pd.DataFrame(rows, columns=["dataset", "regime", "method", "expected", "ok",
+                                      "not_ok", "statuses", "missing", "complete"])
+    out["_r"] = out["regime"].map(order)
+    return out.sort_values(["dataset", "_r", "method"]).drop(columns="_r").reset_index(drop=True)
+
+
+class Cells:
+    """Unit matrices per (dataset, regime), computed once and shared by the rank statistics."""
+
+    def __init__(self, frame: pd.DataFrame, metric: str = "acc"):
+        self.frame = frame
+        self.regime_order = regime_order(frame)
+        self._mats = {key: unit_matrix(sub, metric)
+                      for key, sub in frame.groupby(["dataset", "regime"], sort=False)}
+        self._methods = {ds: sorted(sub["method"].unique()) for ds, sub in frame.groupby("dataset")}
+
+    @property
+    def datasets(self) -> list[str]:
+        """Datasets, sorted by name."""
+        return sorted(self._methods)
+
+    def methods(self, dataset: str) -> list[str]:
+        """Every method seen on a dataset (any status)."""
+        return self._methods[dataset]
+
+    def regimes(self, dataset: str) -> list[str]:
+        """Regimes present for a dataset, by depth."""
+        return [r for r in self.regime_order if (dataset, r) in self._mats]
+
+    def mat(self, dataset: str, regime: str) -> pd.DataFrame:
+        """The unit matrix of one (dataset, regime); empty when that cell never ran."""
+        return self._mats.get((dataset, regime), pd.DataFrame())
+
+    def complete_across(self, dataset: str, regimes) -> tuple[list[str], list[str]]:
+        """Methods with every cell in all the listed regimes, and the ones left out."""
+        keep = set(self.methods(dataset))
+        for r in regimes:
+            keep &= set(complete(self.mat(dataset, r))[0])
+        return sorted(keep), [m for m in self.methods(dataset) if m not in keep]
+
+    def orders(self, dataset: str, regime: str, methods: list[str]) -> pd.DataFrame:
+        """order x method ACC (seeds averaged) for the given complete methods."""
+        return order_matrix(self.mat(dataset, regime), methods)

@@ -1,0 +1,236 @@
+"""Statistical primitives: weighted bootstrap, Kendall tau_b / W, Friedman, Nemenyi, Holm.
+
+Bootstraps are expressed as multinomial weight matrices (B x n): resampling with replacement
+is the same as weighting each observation by how often it was drawn. That makes every
+statistic a few matrix operations (no Python loop over resamples), and the same machinery
+serves a cluster bootstrap (weights drawn per run, shared by that run's observations).
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+
+import numpy as np
+from scipy import stats as sps
+
+N_BOOT = 2000
+SEED = 0
+LEVEL = 0.95
+_CHUNK = 250  # resamples per block, bounds memory for large pooled groups
+
+
+def boot_weights(n: int, n_boot: int = N_BOOT, seed: int = SEED) -> np.ndarray:
+    """Multinomial resampling counts, shape (n_boot, n); row b = draw counts of resample b."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    flat = idx + (np.arange(n_boot) * n)[:, None]
+    return np.bincount(flat.ravel(), minlength=n_boot * n).reshape(n_boot, n).astype(float)
+
+
+def percentile_ci(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
+    """Percentile interval of bootstrap replicates (NaN replicates ignored)."""
+    s = np.asarray(samples, float)
+    s = s[np.isfinite(s)]
+    if s.size == 0:
+        return (math.nan, math.nan)
+    a = (1 - level) / 2 * 100
+    lo, hi = np.percentile(s, [a, 100 - a])
+    return (float(lo), float(hi))
+
+
+def bootstrap_means(X: np.ndarray, n_boot: int = N_BOOT, seed: int = SEED,
+                    level: float = LEVEL) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Column means of X (n x m, NaN = missing) with percentile CIs: (mean, lo, hi), each (m,)."""
+    X = np.atleast_2d(np.asarray(X, float))
+    n, m = X.shape
+    mask = np.isfinite(X)
+    Xz = np.where(mask, X, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = Xz.sum(0) / mask.sum(0)
+    if n == 0:
+        return mean, mean.copy(), mean.copy()
+    W = boot_weights(n, n_boot, seed)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        reps = (W @ Xz) / (W @ mask)
+    ci = np.array([percentile_ci(reps[:, j], level) for j in range(m)]).reshape(m, 2)
+    return mean, ci[:, 0], ci[:, 1]
+
+
+def bootstrap_mean(values, n_boot: int = N_BOOT, seed: int = SEED) -> tuple[float, float, float]:
+    """Mean of a 1-D sample with its percentile bootstrap CI: (mean, lo, hi)."""
+    mean, lo, hi = bootstrap_means(np.asarray(values, float).reshape(-1, 1), n_boot, seed)
+    return float(mean[0]), float(lo[0]), float(hi[0])
+
+
+def _weighted_ranks(v: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Average ranks of v in each weighted resample (row of W); ties -> average rank.
+
+    An observation drawn w times occupies w consecutive positions, so its average rank is
+    (weight of smaller values) + (weight of equal values + 1) / 2.
+    """
+    order = np.argsort(v, kind="stable")
+    sv = v[order]
+    starts = np.flatnonzero(np.r_[True, sv[1:] != sv[:-1]])
+    group = np.cumsum(np.r_[True, sv[1:] != sv[:-1]]) - 1
+    gw = np.add.reduceat(W[:, order], starts, axis=1)
+    before = np.cumsum(gw, axis=1) - gw
+    r_sorted = (before + (gw + 1) / 2)[:, group]
+    out = np.empty_like(r_sorted)
+    out[:, order] = r_sorted
+    return out
+
+
+def _weighted_pearson(x: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Pearson r per row of W; x, y are (n,) or (B, n)."""
+    tot = W.sum(1, keepdims=True)
+    mx = (W * x).sum(1, keepdims=True) / tot
+    my = (W * y).sum(1, keepdims=True) / tot
+    dx, dy = x - mx, y - my
+    cov = (W * dx * dy).sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return cov / np.sqrt((W * dx * dx).sum(1) * (W * dy * dy).sum(1))
+
+
+def weighted_corr(x, y, W: np.ndarray, method: str = "spearman") -> np.ndarray:
+    """Spearman or Pearson correlation of (x, y) under each row of weights W."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    out = []
+    for s in range(0, W.shape[0], _CHUNK):
+        w = W[s:s + _CHUNK]
+        if method == "spearman":
+            out.append(_weighted_pearson(_weighted_ranks(x, w), _weighted_ranks(y, w), w))
+        else:
+            out.append(_weighted_pearson(x, y, w))
+    return np.concatenate(out) if out else np.empty(0)
+
+
+def corr_with_ci(x, y, clusters=None, n_boot: int = N_BOOT, seed: int = SEED) -> dict:
+    """Spearman rho and Pearson r with p-values and percentile bootstrap CIs.
+
+    clusters: optional label per observation; resampling then draws whole clusters (runs),
+    so that several steps of one run are not treated as independent.
+    """
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    res = {"n": int(x.size)}
+    nan4 = dict.fromkeys(("rho", "rho_lo", "rho_hi", "rho_p", "r", "r_lo", "r_hi", "r_p"), math.nan)
+    res.update(nan4)
+    if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return res
+    rho, rho_p = sps.spearmanr(x, y)
+    r, r_p = sps.pearsonr(x, y)
+    if clusters is None:
+        W = boot_weights(x.size, n_boot, seed)
+    else:
+        _, inv = np.unique(np.asarray(clusters)[keep], return_inverse=True)
+        W = boot_weights(int(inv.max()) + 1, n_boot, seed)[:, inv]
+    res.update(rho=float(rho), rho_p=float(rho_p), r=float(r), r_p=float(r_p))
+    res["rho_lo"], res["rho_hi"] = percentile_ci(weighted_corr(x, y, W, "spearman"))
+    res["r_lo"], res["r_hi"] = percentile_ci(weighted_corr(x, y, W, "pearson"))
+    return res
+
+
+def _pair_signs(v: np.ndarray) -> np.ndarray:
+    """sign(v_i - v_j) for all i < j; v is (n,) or (m, n)."""
+    i, j = np.triu_indices(v.shape[-1], 1)
+    return np.sign(v[..., i] - v[..., j])
+
+
+def kendall_tau_b(x, y) -> float:
+    """Kendall tau_b (tie-corrected) between two score vectors."""
+    sx, sy = _pair_signs(np.asarray(x, float)), _pair_signs(np.asarray(y, float))
+    denom = math.sqrt(np.count_nonzero(sx) * np.count_nonzero(sy))
+    return float((sx * sy).sum() / denom) if denom else math.nan
+
+
+@functools.lru_cache(maxsize=16)
+def _all_permutations(n: int) -> np.ndarray:
+    return np.array(list(itertools.permutations(range(n))))
+
+
+def tau_permutation_test(x, y, n_perm: int = 10000, seed: int = SEED) -> tuple[float, float]:
+    """tau_b and a two-sided permutation p-value (exact enumeration up to 8 items)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    tau = kendall_tau_b(x, y)
+    n = x.size
+    if math.isnan(tau):
+        return tau, math.nan
+    if math.factorial(n) <= 40320:
+        perms, exact = _all_permutations(n), True
+    else:
+        perms = np.argsort(np.random.default_rng(seed).random((n_perm, n)), axis=1)
+        exact = False
+    sx, sy = _pair_signs(x), _pair_signs(y[perms])
+    denom = math.sqrt(np.count_nonzero(sx) * np.count_nonzero(_pair_signs(y)))
+    taus = (sy * sx).sum(1) / denom
+    hits = np.count_nonzero(np.abs(taus) >= abs(tau) - 1e-12)
+    p = hits / len(perms) if exact else (hits + 1) / (n_perm + 1)
+    return tau, float(p)
+
+
+def rank_rows(scores: np.ndarray, higher_is_better: bool = True) -> np.ndarray:
+    """Rank items within each row (1 = best, ties averaged)."""
+    s = np.asarray(scores, float)
+    return sps.rankdata(-s if higher_is_better else s, axis=-1)
+
+
+def kendall_w(ranks: np.ndarray) -> dict:
+    """Kendall's W for an (m raters x n items) rank matrix, tie-corrected, with chi2 p-value."""
+    R = np.asarray(ranks, float)
+    m, n = R.shape
+    out = {"w": math.nan, "chi2": math.nan, "p": math.nan, "m": m, "n": n}
+    if m < 2 or n < 2:
+        return out
+    S = ((R.sum(0) - m * (n + 1) / 2) ** 2).sum()
+    ties = sum(((c ** 3) - c).sum() for c in (np.unique(row, return_counts=True)[1] for row in R))
+    denom = m ** 2 * (n ** 3 - n) - m * ties
+    if denom <= 0:
+        return out
+    w = 12 * S / denom
+    chi2 = m * (n - 1) * w
+    out.update(w=float(w), chi2=float(chi2), p=float(sps.chi2.sf(chi2, n - 1)))
+    return out
+
+
+def friedman(ranks: np.ndarray) -> dict:
+    """Friedman chi2 and Iman-Davenport F on an (N blocks x k methods) rank matrix."""
+    R = np.asarray(ranks, float)
+    N, k = R.shape
+    w = kendall_w(R)  # chi2_F = N (k - 1) W, with the same tie correction
+    out = {"chi2": w["chi2"], "p": w["p"], "N": N, "k": k, "ff": math.nan, "ff_p": math.nan}
+    if not math.isnan(w["chi2"]) and N * (k - 1) - w["chi2"] > 0:
+        ff = (N - 1) * w["chi2"] / (N * (k - 1) - w["chi2"])
+        out.update(ff=float(ff), ff_p=float(sps.f.sf(ff, k - 1, (k - 1) * (N - 1))))
+    return out
+
+
+def nemenyi_cd(k: int, n_blocks: int, alpha: float = 0.05) -> float:
+    """Nemenyi critical difference of mean ranks (Demsar 2006): q_alpha sqrt(k(k+1)/(6N))."""
+    if k < 2 or n_blocks < 1:
+        return math.nan
+    q = sps.studentized_range.ppf(1 - alpha, k, np.inf) / math.sqrt(2)
+    return float(q * math.sqrt(k * (k + 1) / (6 * n_blocks)))
+
+
+def holm(pvalues) -> np.ndarray:
+    """Holm step-down adjusted p-values (monotone, capped at 1; NaN stays NaN)."""
+    p = np.asarray(pvalues, float)
+    out = np.full_like(p, math.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    order = ok[np.argsort(p[ok], kind="stable")]
+    m = order.size
+    adj = np.maximum.accumulate((m - np.arange(m)) * p[order])
+    out[order] = np.minimum(adj, 1.0)
+    return out
+
+
+def wilcoxon_p(a, b) -> float:
+    """Two-sided paired Wilcoxon signed-rank p-value; 1.0 when every difference is zero."""
+    d = np.asarray(a, float) - np.asarray(b, float)
+    if d.size == 0:
+        return math.nan
+    if np.all(d == 0):
+        return 1.0
+    return float(sps.wilcoxon(d).pvalue)

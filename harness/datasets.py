@@ -1,0 +1,165 @@
+"""Dataset registry: every dataset becomes in-memory float tensors (train and test)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be loaded; the message says why and how to fix it."""
+
+
+@dataclass(frozen=True)
+class TensorData:
+    """A classification dataset held in memory."""
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    @property
+    def n_classes(self) -> int:
+        """Number of distinct labels (labels are 0..n-1)."""
+        return int(max(self.y_train.max(), self.y_test.max())) + 1
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one sample."""
+        return tuple(self.x_train.shape[1:])
+
+
+def _as_data(name, x_train, y_train, x_test, y_test) -> TensorData:
+    return TensorData(name, torch.as_tensor(np.asarray(x_train), dtype=torch.float32),
+                      torch.as_tensor(np.asarray(y_train), dtype=torch.long),
+                      torch.as_tensor(np.asarray(x_test), dtype=torch.float32),
+                      torch.as_tensor(np.asarray(y_test), dtype=torch.long))
+
+
+def _digits(**_) -> TensorData:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = load_digits()
+    x = bunch.data.astype(np.float32) / 16.0
+    # A fixed stratified split: the split is part of the dataset, not of the run.
+    x_tr, x_te, y_tr, y_te = train_test_split(x, bunch.target, test_size=0.25, random_state=0,
+                                              stratify=bunch.target)
+    return _as_data("digits", x_tr.reshape(-1, 1, 8, 8), y_tr, x_te.reshape(-1, 1, 8, 8), y_te)
+
+
+def _mnist1d(**_) -> TensorData:
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    cache = _cache_dir() / "mnist1d-default.npz"
+    if cache.exists():
+        arrays = np.load(cache)
+    else:
+        # make_dataset generates offline; mnist1d's own default would download a pickle.
+        d = make_dataset(get_dataset_args())
+        arrays = {k: d[k] for k in ("x", "y", "x_test", "y_test")}
+        _atomic_savez(cache, arrays)
+    return _as_data("mnist1d", arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"])
+
+
+def _cache_dir() -> Path:
+    path = Path(os.environ.get("CL_BENCH_CACHE", Path.home() / ".cache" / "cl-bench"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _atomic_savez(path: Path, arrays: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+
+
+# name -> (torchvision class name, channels, normalisation mean, std)
+TORCHVISION = {
+    "mnist": ("MNIST", (0.1307,), (0.3081,)),
+    "fashion-mnist": ("FashionMNIST", (0.2860,), (0.3530,)),
+    "kmnist": ("KMNIST", (0.1918,), (0.3483,)),
+    "qmnist": ("QMNIST", (0.1307,), (0.3081,)),
+    "cifar100": ("CIFAR100", (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+
+
+def _torchvision(name: str, data_dir: str | None, download: bool) -> TensorData:
+    import torchvision.datasets as tvd
+
+    cls_name, mean, std = TORCHVISION[name]
+    root = Path(data_dir or os.environ.get("CL_BENCH_DATA", "data")).expanduser()
+    cls = getattr(tvd, cls_name)
+    try:
+        train, test = cls(str(root), train=True, download=download), cls(str(root), train=False, download=download)
+    except RuntimeError as exc:
+        if download:
+            raise DatasetError(f"dataset {name!r}: download into {root} failed: {exc}") from None
+        raise DatasetError(
+            f"dataset {name!r} not found under {root} (torchvision {cls_name} layout); "
+            f"pass --data-dir DIR pointing at it, or add --download to fetch it") from None
+    x_tr, y_tr = _torchvision_arrays(train)
+    x_te, y_te = _torchvision_arrays(test)
+    m = torch.tensor(mean).view(1, -1, 1, 1)
+    s = torch.tensor(std).view(1, -1, 1, 1)
+    return TensorData(name, (x_tr - m) / s, y_tr, (x_te - m) / s, y_te)
+
+
+def _torchvision_arrays(ds) -> tuple[torch.Tensor, torch.Tensor]:
+    data = torch.as_tensor(np.asarray(ds.data))
+    if data.ndim == 3:  # MNIST family: N,H,W uint8
+        x = data.unsqueeze(1).float() / 255.0
+    else:  # CIFAR: N,H,W,C uint8
+        x = data.permute(0, 3, 1, 2).float() / 255.0
+    targets = torch.as_tensor(np.asarray(ds.targets))
+    if targets.ndim == 2:  # QMNIST keeps 8 columns; the first is the class
+        targets = targets[:, 0]
+    return x.contiguous(), targets.long()
+
+
+def _npz(path: str) -> TensorData:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DatasetError(f"dataset 'npz:{path}': file not found")
+    with np.load(p) as f:
+        missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in f]
+        if missing:
+            raise DatasetError(f"dataset 'npz:{path}': missing arrays {missing}; "
+                               "need x_train, y_train, x_test, y_test")
+        data = _as_data(f"npz:{path}", f["x_train"], f["y_train"], f["x_test"], f["y_test"])
+    if data.x_train.shape[1:] != data.x_test.shape[1:]:
+        raise DatasetError(f"dataset 'npz:{path}': x_train and x_test sample shapes differ")
+    return data
+
+
+EMBEDDED = {"digits": _digits, "mnist1d": _mnist1d}
+DATASET_NAMES = tuple(EMBEDDED) + tuple(TORCHVISION)
+# Facts a protocol is validated against without loading data: (classes, default model).
+DATASET_INFO = {
+    "digits": (10, "mlp"), "mnist1d": (10, "mlp"), "mnist": (10, "small-cnn"),
+    "fashion-mnist": (10, "small-cnn"), "kmnist": (10, "small-cnn"), "qmnist": (10, "small-cnn"),
+    "cifar100": (100, "resnet18-reduced"),
+}
+
+
+def is_dataset_name(name: str) -> bool:
+    """True for a registered name or `npz:PATH`."""
+    return name in DATASET_NAMES or str(name).startswith("npz:")
+
+
+@lru_cache(maxsize=4)
+def load_dataset(name: str, data_dir: str | None = None, download: bool = False) -> TensorData:
+    """Load a dataset by registry name (`npz:PATH` for a user's own arrays)."""
+    if name in EMBEDDED:
+        return EMBEDDED[name]()
+    if name in TORCHVISION:
+        return _torchvision(name, data_dir, download)
+    if name.startswith("npz:"):
+        return _npz(name[4:])
+    raise DatasetError(f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}, npz:PATH")

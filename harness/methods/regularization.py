@@ -1,0 +1,37 @@
+"""Regularisation methods: online EWC, LwF, Synaptic Intelligence."""
+from __future__ import annotations
+
+from ..adapter import MethodAdapter
+
+
+def build_ewc_online(ctx, ewc_lambda: float, decay_factor: float):
+    """Online EWC (Schwarz et al. 2018) through Avalanche's EWC(mode='online')."""
+    from avalanche.training.supervised import EWC
+
+    return EWC(ewc_lambda=float(ewc_lambda), mode="online", decay_factor=float(decay_factor),
+               keep_importance_data=False, **ctx.strategy_kwargs())
+
+
+def build_lwf(ctx, alpha: float, temperature: float):
+    """Learning without Forgetting (Li & Hoiem 2016)."""
+    from avalanche.training.supervised import LwF
+
+    return LwF(alpha=float(alpha), temperature=float(temperature), **ctx.strategy_kwargs())
+
+
+def build_si(ctx, si_lambda: float, eps: float):
+    """Synaptic Intelligence (Zenke et al. 2017); eval_mb_size is passed explicitly (default 1)."""
+    from avalanche.training.supervised import SynapticIntelligence
+
+    return SynapticIntelligence(si_lambda=float(si_lambda), eps=float(eps), **ctx.strategy_kwargs())
+
+
+ADAPTERS = (
+    MethodAdapter("ewc-online", {"ewc_lambda": 100.0, "decay_factor": 0.9}, build_ewc_online,
+                  "Online Elastic Weight Consolidation", "Schwarz et al., ICML 2018",
+                  family="regularization"),
+    MethodAdapter("lwf", {"alpha": 1.0, "temperature": 2.0}, build_lwf,
+                  "Learning without Forgetting", "Li & Hoiem, ECCV 2016", family="regularization"),
+    MethodAdapter("si", {"si_lambda": 1.0, "eps": 1e-7}, build_si, "Synaptic Intelligence",
+                  "Zenke et al., ICML 2017", family="regularization"),
+)
