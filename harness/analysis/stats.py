@@ -17,7 +17,6 @@ from scipy import stats as sps
 N_BOOT = 2000
 SEED = 0
 LEVEL = 0.95
-_CHUNK = 250  # resamples per block, bounds memory for large pooled groups
 
 
 def boot_weights(n: int, n_boot: int = N_BOOT, seed: int = SEED) -> np.ndarray:
@@ -63,72 +62,109 @@ def bootstrap_mean(values, n_boot: int = N_BOOT, seed: int = SEED) -> tuple[floa
     return float(mean[0]), float(lo[0]), float(hi[0])
 
 
-def _weighted_ranks(v: np.ndarray, W: np.ndarray) -> np.ndarray:
-    """Average ranks of v in each weighted resample (row of W); ties -> average rank.
+class Resampler:
+    """Bootstrap weight rows drawn chunk by chunk (never the whole B x n matrix at once).
 
-    An observation drawn w times occupies w consecutive positions, so its average rank is
-    (weight of smaller values) + (weight of equal values + 1) / 2.
+    clusters: label per observation; whole clusters (runs) are drawn, so steps of one run
+    move together. strata: label per observation (constant within a cluster); clusters are
+    drawn within their stratum, keeping each stratum's size as the design fixed it.
     """
-    order = np.argsort(v, kind="stable")
-    sv = v[order]
-    starts = np.flatnonzero(np.r_[True, sv[1:] != sv[:-1]])
-    group = np.cumsum(np.r_[True, sv[1:] != sv[:-1]]) - 1
-    gw = np.add.reduceat(W[:, order], starts, axis=1)
-    before = np.cumsum(gw, axis=1) - gw
-    r_sorted = (before + (gw + 1) / 2)[:, group]
-    out = np.empty_like(r_sorted)
-    out[:, order] = r_sorted
-    return out
+
+    def __init__(self, n_obs: int, clusters=None, strata=None, n_boot: int = N_BOOT,
+                 seed: int = SEED, chunk: int = 64):
+        cl = np.arange(n_obs) if clusters is None else np.unique(np.asarray(clusters), return_inverse=True)[1]
+        self.inv = cl.reshape(-1)
+        n_cl = int(self.inv.max()) + 1 if n_obs else 0
+        st = np.zeros(n_obs, int) if strata is None else np.unique(np.asarray(strata), return_inverse=True)[1]
+        cl_stratum = np.zeros(n_cl, int)
+        cl_stratum[self.inv] = st.reshape(-1)
+        self.members = [np.flatnonzero(cl_stratum == s) for s in np.unique(cl_stratum)]
+        self.n_cl, self.n_boot, self.seed, self.chunk = n_cl, n_boot, seed, chunk
+
+    def chunks(self):
+        """Yield weight arrays (rows x n_obs); rows sum over chunks to n_boot."""
+        rng = np.random.default_rng(self.seed)
+        for b0 in range(0, self.n_boot, self.chunk):
+            rows = min(self.chunk, self.n_boot - b0)
+            counts = np.zeros((rows, self.n_cl))
+            for mem in self.members:
+                idx = rng.integers(0, mem.size, size=(rows, mem.size))
+                flat = (idx + (np.arange(rows) * mem.size)[:, None]).ravel()
+                counts[:, mem] = np.bincount(flat, minlength=rows * mem.size).reshape(rows, mem.size)
+            yield counts[:, self.inv]
+
+
+class _Sorted:
+    """One variable prepared for weighted ranking: sort order and tie groups, computed once."""
+
+    def __init__(self, v: np.ndarray):
+        self.order = np.argsort(v, kind="stable")
+        sv = v[self.order]
+        new = np.r_[True, sv[1:] != sv[:-1]]
+        self.ties = not new.all()
+        self.starts = np.flatnonzero(new)
+        self.group = np.cumsum(new) - 1
+
+    def ranks(self, Ws: np.ndarray) -> np.ndarray:
+        """Average ranks in sorted order under weights Ws (already in sorted order).
+
+        An observation drawn w times fills w consecutive places, so its average rank is
+        (weight of smaller values) + (weight of equal values + 1) / 2.
+        """
+        if not self.ties:
+            return np.cumsum(Ws, axis=1) - (Ws - 1) / 2
+        gw = np.add.reduceat(Ws, self.starts, axis=1)
+        return (np.cumsum(gw, axis=1) - (gw - 1) / 2)[:, self.group]
 
 
 def _weighted_pearson(x: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray:
-    """Pearson r per row of W; x, y are (n,) or (B, n)."""
+    """Pearson r per row of W; x, y are (n,) or (rows, n)."""
     tot = W.sum(1, keepdims=True)
     mx = (W * x).sum(1, keepdims=True) / tot
     my = (W * y).sum(1, keepdims=True) / tot
     dx, dy = x - mx, y - my
-    cov = (W * dx * dy).sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return cov / np.sqrt((W * dx * dx).sum(1) * (W * dy * dy).sum(1))
+        return (W * dx * dy).sum(1) / np.sqrt((W * dx * dx).sum(1) * (W * dy * dy).sum(1))
 
 
-def weighted_corr(x, y, W: np.ndarray, method: str = "spearman") -> np.ndarray:
-    """Spearman or Pearson correlation of (x, y) under each row of weights W."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    out = []
-    for s in range(0, W.shape[0], _CHUNK):
-        w = W[s:s + _CHUNK]
-        if method == "spearman":
-            out.append(_weighted_pearson(_weighted_ranks(x, w), _weighted_ranks(y, w), w))
-        else:
-            out.append(_weighted_pearson(x, y, w))
-    return np.concatenate(out) if out else np.empty(0)
+def boot_corr(x, y, resampler: Resampler) -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap replicates of (Spearman rho, Pearson r), each of length n_boot.
 
-
-def corr_with_ci(x, y, clusters=None, n_boot: int = N_BOOT, seed: int = SEED) -> dict:
-    """Spearman rho and Pearson r with p-values and percentile bootstrap CIs.
-
-    clusters: optional label per observation; resampling then draws whole clusters (runs),
-    so that several steps of one run are not treated as independent.
+    Ranks are recomputed inside every resample (ties averaged), exactly as spearmanr on
+    the resampled data would; everything is done in x-sorted order to avoid un-sorting.
     """
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    sx, sy = _Sorted(x), _Sorted(y)
+    y_pos = np.empty(x.size, int)
+    y_pos[sy.order] = np.arange(x.size)
+    to_x = y_pos[sx.order]  # where each x-sorted observation sits in y-sorted order
+    rho, r = [], []
+    for W in resampler.chunks():
+        Wx = W[:, sx.order]
+        rx = sx.ranks(Wx)
+        ry = sy.ranks(W[:, sy.order])[:, to_x]
+        rho.append(_weighted_pearson(rx, ry, Wx))
+        r.append(_weighted_pearson(x[sx.order], y[sx.order], Wx))
+    return np.concatenate(rho), np.concatenate(r)
+
+
+def corr_with_ci(x, y, clusters=None, strata=None, n_boot: int = N_BOOT, seed: int = SEED) -> dict:
+    """Spearman rho and Pearson r with p-values and percentile bootstrap CIs (see Resampler)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     keep = np.isfinite(x) & np.isfinite(y)
     x, y = x[keep], y[keep]
     res = {"n": int(x.size)}
-    nan4 = dict.fromkeys(("rho", "rho_lo", "rho_hi", "rho_p", "r", "r_lo", "r_hi", "r_p"), math.nan)
-    res.update(nan4)
+    res.update(dict.fromkeys(("rho", "rho_lo", "rho_hi", "rho_p", "r", "r_lo", "r_hi", "r_p"), math.nan))
     if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return res
     rho, rho_p = sps.spearmanr(x, y)
     r, r_p = sps.pearsonr(x, y)
-    if clusters is None:
-        W = boot_weights(x.size, n_boot, seed)
-    else:
-        _, inv = np.unique(np.asarray(clusters)[keep], return_inverse=True)
-        W = boot_weights(int(inv.max()) + 1, n_boot, seed)[:, inv]
     res.update(rho=float(rho), rho_p=float(rho_p), r=float(r), r_p=float(r_p))
-    res["rho_lo"], res["rho_hi"] = percentile_ci(weighted_corr(x, y, W, "spearman"))
-    res["r_lo"], res["r_hi"] = percentile_ci(weighted_corr(x, y, W, "pearson"))
+    if n_boot > 0:
+        sub = lambda a: None if a is None else np.asarray(a)[keep]  # noqa: E731
+        reps = boot_corr(x, y, Resampler(x.size, sub(clusters), sub(strata), n_boot, seed))
+        res["rho_lo"], res["rho_hi"] = percentile_ci(reps[0])
+        res["r_lo"], res["r_hi"] = percentile_ci(reps[1])
     return res
 
 
