@@ -1,0 +1,172 @@
+"""Model merging on top of fine-tuning: MagMax (Marczak et al., ECCV 2024) and baselines.
+
+Training is Avalanche's Naive (sequential fine-tuning; or, with `finetune: independent`,
+every task restarts the shared trainable parameters from θ0). After task t the plugin
+hands the harness a *separate* merged model, θ0 + λ·merge(τ_1..τ_t), which the harness
+evaluates and measures; training continues from the unmerged θ_t.
+
+- θ0 follows the protocol's `pretrain`: `first-task` → the model after task 1 (so task 1
+  contributes no task vector, the first τ appears at task 2, and the evaluated model after
+  task 1 is θ_1 = θ0 itself); `none` → the initial model, captured before task 1.
+- τ_i = θ_i − θ0 over the regime's trainable shared blocks only (under `head` there are
+  none and the evaluated model is the trained one). Frozen blocks, BatchNorm buffers and
+  the heads of the evaluated model are the current model's. Heads are never merged: in
+  task-IL, training task t gives gradients to head t only and the optimizer state is reset
+  per task, so every earlier head is still exactly its own checkpoint (a test checks it);
+  in class-IL the single head is shared and taken as trained last.
+- Memory: θ0, the running merge and two per-element sign counters — constant in T for
+  magmax, avg, task-arithmetic and randmix (per-element reservoir); ties keeps every τ_i.
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+from .. import compat  # noqa: F401  (quirks first)
+from avalanche.core import SupervisedPlugin
+from ..adapter import MethodAdapter
+from ..regimes import trainable_blocks
+from . import _merge_rules as rules
+
+FINETUNE_MODES = ("sequential", "independent")
+REFERENCE = "Marczak et al., MagMax: Leveraging Model Merging for Seamless Continual Learning, ECCV 2024"
+
+
+def merged_parameters(model, regime: str) -> dict:
+    """The shared parameters that carry task vectors: those of the regime's trainable blocks."""
+    return {f"blocks.{b}.{n}": p for b in trainable_blocks(model, regime)
+            for n, p in model.blocks[b].named_parameters()}
+
+
+def _vector_norm(tau: dict) -> float:
+    return math.sqrt(sum(float(v.double().pow(2).sum()) for v in tau.values()))
+
+
+class MergingPlugin(SupervisedPlugin):
+    """Keeps θ0 and a running merge; evaluates θ0 + λ·merge, trains on the unmerged model."""
+
+    def __init__(self, merger: rules.RunningMerger, lam: float, regime: str, pretrain: str,
+                 finetune: str = "sequential", rule: str = ""):
+        super().__init__()
+        self.merger, self.lam, self.regime = merger, float(lam), regime
+        self.pretrain, self.finetune, self.rule = pretrain, finetune, rule
+        self.theta0: dict | None = None
+        self.signs = rules.SignCounter()
+        self.norms: list = []            # ‖τ_i‖ in task-vector order
+        self.norms_by_task: list = []    # after each task: the norms of every τ so far
+        self.conflicts_by_task: list = []
+        self.model = None
+
+    def before_training_exp(self, strategy, **kwargs):
+        self.model = strategy.model
+        params = merged_parameters(strategy.model, self.regime)
+        if self.theta0 is None and self.pretrain == "none":
+            self.theta0 = {k: p.detach().clone() for k, p in params.items()}
+        elif self.theta0 is not None and self.finetune == "independent":
+            with torch.no_grad():  # heads, frozen blocks and buffers stay as they are
+                for k, p in params.items():
+                    p.copy_(self.theta0[k])
+
+    def after_training_exp(self, strategy, **kwargs):
+        self.model = strategy.model
+        params = merged_parameters(strategy.model, self.regime)
+        if self.theta0 is None:  # pretrain = first-task: task 1 *is* θ0
+            self.theta0 = {k: p.detach().clone() for k, p in params.items()}
+        else:
+            tau = {k: p.detach() - self.theta0[k] for k, p in params.items()}
+            self.merger.add(tau)
+            self.signs.add(tau)
+            self.norms.append(_vector_norm(tau))
+        self.norms_by_task.append(list(self.norms))
+        self.conflicts_by_task.append(self.signs.conflict_fraction())
+
+    def merged_vector(self) -> dict:
+        """λ·merge(τ_1..τ_t) per merged parameter (empty before the first task vector)."""
+        if self.merger.n == 0:
+            return {}
+        return {k: self.lam * v for k, v in self.merger.merged().items()}
+
+    def harness_eval_model(self):
+        """A copy of the current model whose merged parameters are θ0 + λ·merge(τ_1..τ_t)."""
+        vector = self.merged_vector()
+        if not vector:  # no task vector yet (θ_1 = θ0) or nothing merged (regime `head`)
+            return self.model
+        evaluated = copy.deepcopy(self.model)
+        with torch.no_grad():
+            for k, p in merged_parameters(evaluated, self.regime).items():
+                p.copy_(self.theta0[k] + vector[k])
+        return evaluated
+
+    def harness_diagnostics(self) -> dict:
+        """Per task: ‖τ_i‖ of every task vector so far, and their sign-conflict fraction."""
+        return {"task_vector_norms": [list(n) for n in self.norms_by_task],
+                "sign_conflicts": list(self.conflicts_by_task),
+                "merge": {"rule": self.rule, "lambda": self.lam, "finetune": self.finetune,
+                          "n_task_vectors": self.merger.n}}
+
+    def stored_tensors(self) -> list:
+        """Every parameter-shaped tensor the plugin keeps between tasks (memory accounting)."""
+        theta0 = list(self.theta0.values()) if self.theta0 else []
+        return [*theta0, *self.merger.tensors(), *self.signs.tensors()]
+
+
+def _check_finetune(method: str, finetune: str) -> str:
+    if finetune not in FINETUNE_MODES:
+        raise ValueError(f"{method}: hyperparameter finetune must be one of "
+                         f"{', '.join(FINETUNE_MODES)}; got {finetune!r}")
+    return finetune
+
+
+def _strategy(ctx, method: str, merger, lam: float, finetune: str):
+    from avalanche.training.supervised import Naive
+
+    plugin = MergingPlugin(merger, lam, ctx.regime, ctx.pretrain,
+                           _check_finetune(method, finetune), rule=method)
+    return Naive(**ctx.strategy_kwargs(plugin))
+
+
+def build_magmax(ctx, lam: float, finetune: str):
+    """MagMax: per element the largest-magnitude τ_i (ties → later task), θ0 + λ·τ_max."""
+    return _strategy(ctx, "magmax", rules.MagMaxMerger(), lam, finetune)
+
+
+def build_avg(ctx, finetune: str):
+    """Weight averaging: θ0 + (1/n) Σ τ_i over the n task vectors so far."""
+    return _strategy(ctx, "avg", rules.SumMerger(average=True), 1.0, finetune)
+
+
+def build_task_arithmetic(ctx, lam: float, finetune: str):
+    """Task arithmetic (Ilharco et al. 2023): θ0 + λ Σ τ_i."""
+    return _strategy(ctx, "task-arithmetic", rules.SumMerger(average=False), lam, finetune)
+
+
+def build_ties(ctx, top_k: float, lam: float, finetune: str):
+    """TIES: trim each τ_i to its top-k %, elect signs, disjoint mean; θ0 + λ·merged."""
+    return _strategy(ctx, "ties", rules.TiesMerger(top_k), lam, finetune)
+
+
+def build_randmix(ctx, lam: float, seed: int, finetune: str):
+    """RandMix: per element τ_i of a uniformly random task (seeded by run seed and `seed`)."""
+    merger = rules.RandMixMerger(seed=int(ctx.seed) * 100_003 + int(seed))
+    return _strategy(ctx, "randmix", merger, lam, finetune)
+
+
+_SEQ = {"finetune": "sequential"}
+ADAPTERS = (
+    MethodAdapter("magmax", {"lam": 0.5, **_SEQ}, build_magmax,
+                  "MagMax: sequential fine-tuning + max-magnitude merging of task vectors",
+                  REFERENCE, family="merging"),
+    MethodAdapter("avg", dict(_SEQ), build_avg, "Weight averaging of task vectors",
+                  "Wortsman et al., ICML 2022 (model soups); baseline in " + REFERENCE,
+                  family="merging"),
+    MethodAdapter("task-arithmetic", {"lam": 0.3, **_SEQ}, build_task_arithmetic,
+                  "Task arithmetic: θ0 + λ Σ τ_i", "Ilharco et al., ICLR 2023", family="merging"),
+    MethodAdapter("ties", {"top_k": 20.0, "lam": 0.55, **_SEQ}, build_ties,
+                  "TIES-merging: trim, elect sign, disjoint mean", "Yadav et al., NeurIPS 2023",
+                  family="merging"),
+    MethodAdapter("randmix", {"lam": 1.0, "seed": 0, **_SEQ}, build_randmix,
+                  "Random per-element mixing of task vectors", "baseline in " + REFERENCE,
+                  family="merging"),
+)
