@@ -46,6 +46,9 @@ class MethodContext:
     scenario: str
     seed: int
     training: TrainingSpec = field(default_factory=TrainingSpec)
+    # The run's tasks (streams.Task: train/test tensors). For diagnostics only (e.g. BECAME's
+    # α-sweep on seen tasks' test data); training must use the experiences it is given.
+    tasks: tuple = ()
 
     def strategy_kwargs(self, *extra_plugins) -> dict:
         """Keyword arguments every SupervisedTemplate subclass accepts, harness plugins included."""

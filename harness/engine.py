@@ -87,7 +87,7 @@ def _execute(spec, progress, data_dir, download, device, method_files) -> None:
     first_regime = "full" if spec.pretrain == "first-task" else spec.regime
     apply_regime(model, first_regime)
     harness_plugin = HarnessPlugin()
-    strategy = _build_strategy(spec, model, harness_plugin, device, method_files)
+    strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks)
     progress.init_acc = _timed_eval(model, tasks, spec, device, progress)
     for t, experience in enumerate(to_avalanche(tasks).train_stream):
         t0 = time.perf_counter()
@@ -110,7 +110,7 @@ def _build_model(spec: RunSpec, input_shape):
                        head_classes=cpt if task_il else n_tasks * cpt)
 
 
-def _build_strategy(spec, model, harness_plugin, device, method_files):
+def _build_strategy(spec, model, harness_plugin, device, method_files, tasks=()):
     from avalanche.training.templates import BaseTemplate
 
     adapter = get_registry(method_files)[spec.method]
@@ -119,7 +119,8 @@ def _build_strategy(spec, model, harness_plugin, device, method_files):
         criterion=torch.nn.CrossEntropyLoss(), train_mb_size=spec.training.batch_size,
         eval_mb_size=spec.eval_batch_size, train_epochs=spec.training.epochs, device=device,
         plugins=(harness_plugin,), n_tasks=spec.dataset.n_tasks, regime=spec.regime,
-        pretrain=spec.pretrain, scenario=spec.scenario, seed=spec.seed, training=spec.training)
+        pretrain=spec.pretrain, scenario=spec.scenario, seed=spec.seed, training=spec.training,
+        tasks=tuple(tasks))
     strategy = adapter.build(ctx, **{**adapter.defaults, **spec.hparams})
     if not isinstance(strategy, BaseTemplate):
         raise AdapterError(f"build() of {spec.method!r} returned {type(strategy).__name__}, "
