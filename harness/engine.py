@@ -19,7 +19,7 @@ from .models import build_model, shared_named_parameters, trainable_block_names
 from .norms import snapshot, update_norms
 from .plugins import DivergedError, HarnessPlugin
 from .provenance import provenance
-from .regimes import apply_regime, regime_k, trainable_blocks
+from .regimes import apply_regime, changed_frozen, frozen_state, regime_k, trainable_blocks
 from .registry import get_registry
 from .specs import RunRecord, RunSpec
 from .streams import split_tasks, to_avalanche
@@ -92,7 +92,9 @@ def _execute(spec, progress, data_dir, download, device, method_files) -> None:
     for t, experience in enumerate(to_avalanche(tasks).train_stream):
         t0 = time.perf_counter()
         apply_regime(strategy.model, first_regime if t == 0 else spec.regime)
+        before = frozen_state(strategy.model)
         strategy.train(experience)
+        _check_frozen(strategy.model, before, spec.regime)
         if harness_plugin.iterations == 0:
             raise AdapterError("the strategy never called the harness plugins: build the strategy "
                                "with **ctx.strategy_kwargs() or pass plugins=list(ctx.plugins)")
@@ -101,6 +103,14 @@ def _execute(spec, progress, data_dir, download, device, method_files) -> None:
         progress.rows.append(_timed_eval(evaluated, tasks, spec, device, progress))
         progress.snapshots.append(snapshot(shared_named_parameters(evaluated)))
         progress.diagnostics.update(_diagnostics(strategy))
+
+
+def _check_frozen(model, before: dict, regime: str) -> None:
+    changed = changed_frozen(model, before)
+    if changed:
+        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        raise AdapterError(f"frozen parameters/buffers changed under regime {regime!r}: {shown}; a method "
+                           "must leave frozen blocks alone (no requires_grad changes, no in-place updates)")
 
 
 def _build_model(spec: RunSpec, input_shape):

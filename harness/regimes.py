@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import re
 
+import torch
+
 from .models import CLNet, trainable_block_names
 
 BASE_REGIMES = ("head", "last-1", "last-2", "last-3", "full")
@@ -60,3 +62,19 @@ def count_parameters(model: CLNet) -> dict:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {"trainable": trainable, "total": total}
+
+
+def frozen_state(model: CLNet) -> dict:
+    """Copies of every parameter and buffer of the frozen blocks."""
+    state = {}
+    for name in model.frozen_blocks:
+        block = model.blocks[name]
+        for key, tensor in [*block.named_parameters(), *block.named_buffers()]:
+            state[f"blocks.{name}.{key}"] = tensor.detach().clone()
+    return state
+
+
+def changed_frozen(model: CLNet, before: dict) -> list[str]:
+    """Names of frozen parameters/buffers that are no longer bitwise equal to `before`."""
+    current = dict(model.named_parameters()) | dict(model.named_buffers())
+    return [n for n, t in before.items() if n not in current or not torch.equal(current[n].detach(), t)]

@@ -1,0 +1,36 @@
+# cl-bench developer commands. The README's two front-door commands are `make demo` and
+# `make test`; both create/update .venv themselves on a machine with only Python 3.11.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# This machine's pip serves torch 2.14.1 / torchvision 0.29.1 from disk; override elsewhere.
+TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+JOBS ?= 2
+export MLFLOW_DISABLE_TELEMETRY := true
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: install demo test test-fast bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_SPEC)
+	$(BIN)/python -m pip install -q -e '.[dev,ray]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+demo: install
+	$(BIN)/cl-bench run --protocol depth-sweep-mini --jobs $(JOBS)
+
+test: install
+	@if [ -x scripts/ensure-chromium.sh ]; then scripts/ensure-chromium.sh; fi
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
+
+bench: install
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf results .pytest_cache

@@ -1,0 +1,119 @@
+"""Record files: results layout, atomic JSON writes, validation on read."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from .specs import SCHEMA_VERSION, STATUSES, RunRecord, spec_hash
+
+RECORD_KEYS = frozenset(f.name for f in fields(RunRecord))
+TMP_MARK = ".tmp-"
+
+
+def protocol_dir(results: str | Path, protocol_name: str) -> Path:
+    """`<results>/<protocol>/`: everything a protocol's sweep writes."""
+    return Path(results) / protocol_name
+
+
+def runs_dir(results: str | Path, protocol_name: str) -> Path:
+    """`<results>/<protocol>/runs/`: one `<run_id>.json` per finished run."""
+    return protocol_dir(results, protocol_name) / "runs"
+
+
+def write_record(folder: str | Path, record: RunRecord | dict) -> Path:
+    """Write a record atomically (temp file in the same folder, fsync, rename)."""
+    data = record.to_dict() if isinstance(record, RunRecord) else record
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"{data['run_id']}.json"
+    tmp = folder / f".{data['run_id']}.json{TMP_MARK}{os.getpid()}"
+    payload = json.dumps(data, indent=1, sort_keys=True, allow_nan=True)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(payload)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return final
+
+
+def validate_record(data, expected_run_id: str | None = None) -> str | None:
+    """None if the record is valid, else the reason it is not."""
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    if data.get("schema_version") != SCHEMA_VERSION:
+        return f"schema_version {data.get('schema_version')!r}, this harness reads {SCHEMA_VERSION}"
+    keys = set(data)
+    if keys != RECORD_KEYS:
+        missing, extra = sorted(RECORD_KEYS - keys), sorted(keys - RECORD_KEYS)
+        return f"keys differ from the schema (missing {missing}, unexpected {extra})"
+    if data["status"] not in STATUSES:
+        return f"status {data['status']!r} is not one of {', '.join(STATUSES)}"
+    if not isinstance(data["spec"], dict) or spec_hash(data["spec"]) != data["run_id"]:
+        return "its spec does not hash to its run_id (edited or foreign record)"
+    if expected_run_id is not None and data["run_id"] != expected_run_id:
+        return f"file name says {expected_run_id} but the record's run_id is {data['run_id']}"
+    return None
+
+
+def read_record(path: str | Path) -> tuple[dict | None, str | None]:
+    """(record, None) for a valid record file, (None, reason) otherwise."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"unreadable: {exc}"
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON (truncated?): {exc.msg} at line {exc.lineno}"
+    problem = validate_record(data, expected_run_id=path.stem)
+    return (None, problem) if problem else (data, None)
+
+
+@dataclass
+class Scan:
+    """What a runs folder holds: valid records, invalid files with reasons, stray temp files."""
+
+    valid: dict = field(default_factory=dict)
+    invalid: list = field(default_factory=list)
+    stray: list = field(default_factory=list)
+
+
+def scan_runs(folder: str | Path) -> Scan:
+    """Read every record file of a runs folder; nothing is skipped silently."""
+    scan = Scan()
+    folder = Path(folder)
+    if not folder.is_dir():
+        return scan
+    for path in sorted(folder.iterdir()):
+        if TMP_MARK in path.name:
+            scan.stray.append(path)
+        elif path.suffix == ".json":
+            data, problem = read_record(path)
+            if problem:
+                scan.invalid.append((path, problem))
+            else:
+                scan.valid[data["run_id"]] = data
+    return scan
+
+
+def discover_protocol_dirs(results: str | Path) -> list[Path]:
+    """Protocol folders under a results folder (those with a runs/ subfolder)."""
+    results = Path(results)
+    if (results / "runs").is_dir():
+        return [results]
+    return sorted(p for p in results.iterdir() if (p / "runs").is_dir()) if results.is_dir() else []
+
+
+def load_records(results: str | Path, protocol_name: str | None = None) -> list[dict]:
+    """Valid records under `<results>/<protocol>/runs` (all protocols if none is named)."""
+    folders = [runs_dir(results, protocol_name)] if protocol_name else \
+        [p / "runs" for p in discover_protocol_dirs(results)]
+    records = []
+    for folder in folders:
+        records.extend(scan_runs(folder).valid.values())
+    return records

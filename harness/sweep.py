@@ -1,0 +1,165 @@
+"""Grid execution: plan (what is done, what is left), dispatch, write, resume."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .executors import RunOptions, make_executor
+from .protocol import expand
+from .records import protocol_dir, runs_dir, scan_runs, write_record
+from .specs import Protocol
+
+
+class SweepError(RuntimeError):
+    """The sweep cannot start or continue (locked or unwritable results folder, …)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The grid of a protocol against what its results folder already holds."""
+
+    specs: tuple
+    done: dict
+    todo: tuple
+    invalid: tuple
+    stray: tuple
+
+    def counts(self) -> dict:
+        """Number of distinct values per axis, and run totals."""
+        axis = lambda f: len({f(s) for s in self.specs})  # noqa: E731
+        return {"datasets": axis(lambda s: s.dataset.name), "regimes": axis(lambda s: s.regime),
+                "methods": axis(lambda s: s.label or s.method), "orders": axis(lambda s: s.order),
+                "seeds": axis(lambda s: s.seed), "total": len(self.specs),
+                "done": len(self.done), "todo": len(self.todo)}
+
+
+def make_plan(protocol: Protocol, results: str | Path, retry_failed: bool = False,
+              only: tuple = ()) -> Plan:
+    """Expand the protocol and split it into finished runs and runs to do."""
+    specs = expand(protocol)
+    if only:
+        unknown = set(only) - {s.run_id for s in specs}
+        if unknown:
+            raise SweepError(f"--only: run id(s) {', '.join(sorted(unknown))} are not in protocol "
+                             f"{protocol.name!r} (see --dry-run --list)")
+        specs = tuple(s for s in specs if s.run_id in only)
+    scan = scan_runs(runs_dir(results, protocol.name))
+    ids = {s.run_id for s in specs}
+    done = {k: v for k, v in scan.valid.items() if k in ids and not (retry_failed and v["status"] != "ok")}
+    todo = tuple(s for s in specs if s.run_id not in done)
+    return Plan(specs, done, todo, tuple(scan.invalid), tuple(scan.stray))
+
+
+@dataclass
+class SweepResult:
+    """What a sweep did."""
+
+    written: list = field(default_factory=list)
+    statuses: dict = field(default_factory=dict)
+    interrupted: bool = False
+    wall_s: float = 0.0
+
+
+class ResultsLock:
+    """An exclusive lock on a protocol's results folder; a stale lock (dead pid) is taken over."""
+
+    def __init__(self, folder: Path, log=print):
+        self.path = Path(folder) / ".lock"
+        self.log = log
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                self._handle_existing()
+                continue
+            with os.fdopen(fd, "w") as fh:
+                fh.write(f"{os.getpid()} {socket.gethostname()} {time.strftime('%Y-%m-%dT%H:%M:%S')}\n")
+            return self
+        raise SweepError(f"{self.path}: could not take the lock")
+
+    def _handle_existing(self):
+        try:
+            pid_s, host, started = (self.path.read_text().split() + ["?", "?", "?"])[:3]
+            pid = int(pid_s)
+        except (OSError, ValueError):
+            pid, host, started = -1, "?", "?"
+        if host == socket.gethostname() and pid > 0 and _alive(pid):
+            raise SweepError(f"{self.path.parent}: locked by another cl-bench run (pid {pid}, started "
+                             f"{started}); wait for it to finish or stop it")
+        self.log(f"note: taking over a stale lock {self.path} (pid {pid} is gone)")
+        self.path.unlink(missing_ok=True)
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def check_writable(folder: Path) -> None:
+    """Fail before any run if the results folder cannot be written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-probe-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise SweepError(f"{folder}: results folder is not writable ({exc.strerror or exc})") from None
+
+
+def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunOptions,
+              jobs: int = 1, executor: str = "process", progress: bool = True, on_record=(),
+              log=print) -> SweepResult:
+    """Run every spec of the plan that is not done; the driver writes each record as it arrives."""
+    folder = protocol_dir(results, protocol.name)
+    check_writable(folder)
+    result = SweepResult()
+    started = time.perf_counter()
+    for path, reason in plan.invalid:
+        log(f"note: {path} is invalid ({reason}); its run will be redone")
+    for path in plan.stray:
+        path.unlink(missing_ok=True)
+    with ResultsLock(folder, log=log):
+        bar = _progress_bar(len(plan.todo), progress)
+        try:
+            for record in make_executor(executor, options, jobs).run(plan.todo):
+                path = write_record(runs_dir(results, protocol.name), record)
+                result.written.append(path)
+                result.statuses[record.status] = result.statuses.get(record.status, 0) + 1
+                for callback in on_record:
+                    callback(record)
+                bar.set_postfix_str(_postfix(result.statuses), refresh=False)
+                bar.update(1)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            log(f"\ninterrupted: {len(result.written)} finished runs are saved; run the same command to resume")
+        finally:
+            bar.close()
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+def _postfix(statuses: dict) -> str:
+    bad = {k: v for k, v in statuses.items() if k != "ok"}
+    return ", ".join(f"{k} {v}" for k, v in bad.items())
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="run", disable=not enabled, file=sys.stderr, dynamic_ncols=True,
+                smoothing=0.1, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}] {postfix}")

@@ -1,0 +1,48 @@
+"""Shared fixtures: tiny run specs and an isolated cache."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def make_spec(**overrides):
+    """A small, fast RunSpec on digits (5 tasks x 2 classes, MLP); override any field."""
+    from harness.specs import DatasetSpec, RunSpec, TrainingSpec
+
+    fields = dict(protocol="test", protocol_version="1", dataset=DatasetSpec("digits", 5, 2, "mlp"),
+                  regime="last-1", method="naive", label="", hparams={}, order=0,
+                  class_order=tuple(range(10)), seed=0, scenario="task-il", pretrain="first-task",
+                  training=TrainingSpec(lr=0.05, momentum=0.9, epochs=2, batch_size=32),
+                  eval_batch_size=512)
+    fields.update(overrides)
+    return RunSpec(**fields)
+
+
+@pytest.fixture
+def spec_factory():
+    """`make_spec` as a fixture."""
+    return make_spec
+
+
+@pytest.fixture
+def cli(monkeypatch, tmp_path):
+    """Run `cl-bench` in-process from the repository root; returns (exit code, stdout, stderr)."""
+    from harness.cli import main
+
+    def invoke(*argv):
+        return main(list(argv))
+
+    monkeypatch.chdir(ROOT)
+    return invoke
+
+
+def cl_bench_cmd() -> list[str]:
+    """Command prefix that runs the CLI in a subprocess with this interpreter."""
+    return [sys.executable, "-m", "harness.cli"]

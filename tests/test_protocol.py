@@ -1,0 +1,150 @@
+"""Protocol loading: strict validation with one-line messages, expansion into specs."""
+import copy
+
+import pytest
+import yaml
+
+from harness.protocol import MODEL_BLOCKS, ProtocolError, expand, load_protocol, parse_protocol, select
+
+GOOD = {
+    "name": "p", "version": "1", "datasets": [{"name": "digits", "n_tasks": 5, "classes_per_task": 2}],
+    "regimes": ["head", "full"], "methods": ["naive", {"name": "lwf", "hparams": {"alpha": 2.0}}],
+    "task_orders": {"count": 3, "seed": 7}, "seeds": [0, 1],
+    "training": {"epochs": 1, "lr": 0.1}, "evaluation": {"batch_size": 256},
+}
+
+
+def with_change(path, value):
+    raw = copy.deepcopy(GOOD)
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    if value is DELETE:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return raw
+
+
+DELETE = object()
+
+# (change, fragment of the expected message)
+BAD = [
+    (("colour",), "blue", "colour: unknown key; allowed: name, version"),
+    (("name",), DELETE, "name: missing required key"),
+    (("name",), 3, "name: expected a string"),
+    (("version",), None, "version: expected a version string"),
+    (("scenario",), "domain-il", "scenario: 'domain-il' is not allowed; allowed: task-il, class-il"),
+    (("pretrain",), "imagenet", "pretrain: 'imagenet' is not allowed; allowed: first-task, none"),
+    (("datasets",), [], "datasets: expected a non-empty list"),
+    (("datasets", 0, "name"), "mnist2", "datasets[0].name: unknown dataset 'mnist2'; allowed: digits"),
+    (("datasets", 0, "n_tasks"), "5", "datasets[0].n_tasks: expected an integer, got '5'"),
+    (("datasets", 0, "n_tasks"), 6, "datasets[0]: 6 tasks x 2 classes = 12 classes, but digits has 10"),
+    (("datasets", 0, "classes_per_task"), DELETE, None),  # valid: 10 / 5
+    (("datasets", 0, "model"), "vit", "datasets[0].model: 'vit' is not allowed; allowed: mlp"),
+    (("datasets", 0, "shuffle"), True, "datasets[0].shuffle: unknown key"),
+    (("regimes",), ["head", "middle"], "regimes[1]: unknown regime 'middle'; allowed: head, last-1"),
+    (("regimes",), ["last-7"], "regimes[0]: 'last-7' is deeper than model 'mlp' of dataset 'digits' (4 blocks)"),
+    (("regimes",), ["full", "full"], "regimes: a regime is listed twice"),
+    (("methods",), ["naive", "ewc"], "methods[1].name: unknown method 'ewc'; allowed: agem"),
+    (("methods", 1, "hparams"), {"alpah": 1.0}, "methods[1].hparams.alpah: unknown key; allowed: alpha, temperature"),
+    (("methods",), ["naive", "naive"], "methods: method 'naive' appears twice"),
+    (("task_orders",), {"count": 0}, "task_orders.count: 0 is too small"),
+    (("task_orders",), {"orders": [[0, 1, 2]]}, "task_orders.orders[0]: [0, 1, 2] is not a permutation of 0..9"),
+    (("task_orders",), {"orders": [[0, 1, 2, 3, 4, 5, 6, 7, 8, 8]]}, "is not a permutation of 0..9"),
+    (("task_orders",), {"count": 2, "orders": [list(range(10))]}, "task_orders: give either count"),
+    (("seeds",), [0, -1], "seeds[1]: -1 is too small"),
+    (("training", "optimizer"), "lbfgs", "training.optimizer: 'lbfgs' is not allowed; allowed: sgd, adam, adamw"),
+    (("training", "lr"), "fast", "training.lr: expected a number"),
+    (("training", "momentum"), 1.5, "training.momentum: 1.5 is out of range"),
+    (("training", "epochs"), True, "training.epochs: expected an integer, got True"),
+    (("evaluation", "batch_size"), 0, "evaluation.batch_size: 0 is too small"),
+]
+
+
+@pytest.mark.parametrize("path,value,expected", BAD, ids=[".".join(map(str, b[0])) + f"={b[1]!r}"[:30] for b in BAD])
+def test_bad_protocols_name_file_key_and_allowed_values(path, value, expected):
+    raw = with_change(path, value)
+    if expected is None:
+        parse_protocol(raw, "p.yaml")
+        return
+    with pytest.raises(ProtocolError) as err:
+        parse_protocol(raw, "p.yaml")
+    message = str(err.value)
+    assert message.startswith("p.yaml: ")
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_classes_that_do_not_divide_into_tasks():
+    raw = with_change(("datasets", 0), {"name": "digits", "n_tasks": 3})
+    with pytest.raises(ProtocolError, match=r"10 classes of digits do not divide into 3 tasks; allowed: one of \[1, 2, 5, 10\]"):
+        parse_protocol(raw, "p.yaml")
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nregimes: [head,\n")
+    with pytest.raises(ProtocolError, match=r"broken.yaml:\d+: not valid YAML"):
+        load_protocol(str(path))
+
+
+def test_unknown_protocol_name_lists_available():
+    with pytest.raises(ProtocolError, match="unknown protocol 'nope'; allowed: .*depth-sweep-mini"):
+        load_protocol("nope")
+
+
+def test_good_protocol_expands_to_the_full_grid():
+    p = parse_protocol(copy.deepcopy(GOOD), "p.yaml")
+    specs = expand(p)
+    assert len(specs) == 1 * 2 * 2 * 3 * 2
+    assert len({s.run_id for s in specs}) == len(specs)
+    lwf = next(s for s in specs if s.method == "lwf")
+    assert lwf.hparams == {"alpha": 2.0, "temperature": 2.0}  # defaults merged in
+    assert {s.order for s in specs} == {0, 1, 2}
+    assert next(s for s in specs if s.order == 0).class_order == tuple(range(10))
+
+
+def test_run_id_depends_on_protocol_version():
+    a = expand(parse_protocol(copy.deepcopy(GOOD), "p.yaml"))[0]
+    b = expand(parse_protocol(with_change(("version",), "2"), "p.yaml"))[0]
+    assert a.run_id != b.run_id
+
+
+def test_select_filters_and_rejects_unknown_values():
+    p = parse_protocol(copy.deepcopy(GOOD), "p.yaml")
+    small = select(p, methods=("lwf",), regimes=("full",), orders=2)
+    assert len(expand(small)) == 1 * 1 * 1 * 2 * 2
+    with pytest.raises(ProtocolError, match="--regimes: 'last-2' is not in protocol 'p'; allowed: head, full"):
+        select(p, regimes=("last-2",))
+    with pytest.raises(ProtocolError, match="--orders: 9 is out of range; allowed: 1..3"):
+        select(p, orders=9)
+
+
+@pytest.mark.parametrize("name", ["depth-sweep", "depth-sweep-mini", "smoke"])
+def test_shipped_protocols_load(name):
+    p = load_protocol(name)
+    assert p.name == name and p.version
+    assert len(expand(p)) > 0
+
+
+def test_depth_sweep_design():
+    p = load_protocol("depth-sweep")
+    assert [d.name for d in p.datasets] == ["mnist", "fashion-mnist", "kmnist", "qmnist", "cifar100"]
+    assert p.regimes == ("head", "last-1", "last-2", "last-3", "full")
+    assert len(p.task_orders) == 11
+    assert {"naive", "ewc-online", "lwf", "si", "gem"} <= {m.name for m in p.methods}
+
+
+def test_model_block_counts_match_the_models():
+    from harness.models import build_model, trainable_block_names
+
+    shapes = {"mlp": (1, 8, 8), "small-cnn": (1, 28, 28), "resnet18-reduced": (3, 32, 32)}
+    for name, n in MODEL_BLOCKS.items():
+        assert len(trainable_block_names(build_model(name, shapes[name], 2, 2))) == n
+
+
+def test_protocol_file_round_trip(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    assert load_protocol(str(path)).source == str(path)
