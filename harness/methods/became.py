@@ -1,0 +1,216 @@
+"""BECAME (Li et al., ICML 2025): GPM stage, free stage, closed-form Bayesian merge.
+
+Per task t ≥ 2, inside one `strategy.train(experience)`: stage 1 trains with GPM
+projection → θ_gp; stage 2 trains from θ_gp with a fresh optimizer, unprojected, over the
+same trainable parameters → θ_free; α = Σ F_t δ² / Σ (F_t + F_old) δ² with δ = θ_free − θ_gp
+and F_t the diagonal Fisher at θ_free; θ_t = (1−α)θ_gp + αθ_free; F_old += F_t(θ_t); the
+GPM memory is updated from θ_t. Task 1 trains normally, then F_old = F_1 and memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .. import compat  # noqa: F401
+from avalanche.training.templates import SupervisedTemplate
+
+from ..adapter import MethodAdapter
+from ..evaluation import task_accuracy
+from ._gpm_math import closed_form_alpha, diag_fisher, merge_tensors
+from .gpm import GPM_DEFAULTS, GPMMemory, check_gpm_hparams, dataset_batches, sample_indices
+
+BECAME_DEFAULTS = {"stage1_epochs": None, "stage2_epochs": None, "stage2_lr": None,
+                   **GPM_DEFAULTS, "fisher_samples": 2048, "alpha": "auto",
+                   "alpha_include_heads": False, "alpha_sweep": False}
+SWEEP_GRID = tuple(i / 10 for i in range(11))
+
+
+@dataclass(frozen=True)
+class BecameConfig:
+    """Validated BECAME hyperparameters (None epochs/lr: the protocol's)."""
+
+    stage1_epochs: int
+    stage2_epochs: int
+    stage2_lr: float | None
+    fisher_samples: int | None
+    alpha: str | float
+    include_heads: bool
+    sweep: bool
+
+
+def _config(ctx, hp: dict) -> BecameConfig:
+    check_gpm_hparams("became", hp["eps_base"], hp["eps_step"], hp["n_samples"])
+    return BecameConfig(
+        stage1_epochs=_positive_int(hp["stage1_epochs"], "stage1_epochs", ctx.train_epochs),
+        stage2_epochs=_positive_int(hp["stage2_epochs"], "stage2_epochs", ctx.train_epochs),
+        stage2_lr=_optional_lr(hp["stage2_lr"]),
+        fisher_samples=_positive_int(hp["fisher_samples"], "fisher_samples", None),
+        alpha=_alpha(hp["alpha"]), include_heads=_flag(hp["alpha_include_heads"], "alpha_include_heads"),
+        sweep=_flag(hp["alpha_sweep"], "alpha_sweep"))
+
+
+def _positive_int(value, key, default):
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"became: hparams.{key}={value!r}; allowed: an integer >= 1 or null")
+    return value
+
+
+def _optional_lr(value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"became: hparams.stage2_lr={value!r}; allowed: a number > 0 or null (protocol lr)")
+    return float(value)
+
+
+def _alpha(value):
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"became: hparams.alpha={value!r}; allowed: 'auto' or a number in [0, 1]")
+    return float(value)
+
+
+def _flag(value, key):
+    if not isinstance(value, bool):
+        raise ValueError(f"became: hparams.{key}={value!r}; allowed: true or false")
+    return value
+
+
+class BecameStrategy(SupervisedTemplate):
+    """A SupervisedTemplate whose per-experience training runs BECAME's two stages and merge."""
+
+    def __init__(self, *, ctx, cfg: BecameConfig, memory: GPMMemory):
+        super().__init__(**ctx.strategy_kwargs())
+        self.ctx, self.cfg, self.memory = ctx, cfg, memory
+        self.f_old: dict[str, torch.Tensor] = {}
+        self.task, self.stage = 0, 0
+        self.alphas, self.closed_forms, self.sweeps = [], [], []
+        self.theta_gp: dict[str, torch.Tensor] = {}
+        self.theta_free: dict[str, torch.Tensor] = {}
+
+    def _after_backward(self, **kwargs):
+        if self.stage == 1:  # GPM projection only in the stability stage
+            self.memory.project(self.model)
+        super()._after_backward(**kwargs)
+
+    def _train_exp(self, experience, eval_streams=None, **kwargs):
+        dataset = experience.dataset
+        if self.task == 0:
+            self._run_stage(0, self.cfg.stage1_epochs, None, experience, eval_streams, **kwargs)
+            self.f_old = self._fisher(dataset, "first")
+            self.alphas.append(None)
+            self.closed_forms.append(None)
+            self.sweeps.append(None)
+        else:
+            self._two_stages(experience, eval_streams, **kwargs)
+        self.memory.update(self.model, dataset, self.ctx.eval_mb_size)
+        self.task += 1
+
+    def _run_stage(self, stage, epochs, optimizer, experience, eval_streams, **kwargs):
+        saved_epochs, saved_opt = self.train_epochs, self.optimizer
+        self.stage, self.train_epochs = stage, epochs
+        self.optimizer = optimizer or saved_opt
+        try:
+            super()._train_exp(experience, eval_streams, **kwargs)
+        finally:  # the harness resets the base optimizer at the next task boundary
+            self.stage, self.train_epochs, self.optimizer = 0, saved_epochs, saved_opt
+
+    def _two_stages(self, experience, eval_streams, **kwargs):
+        self._run_stage(1, self.cfg.stage1_epochs, None, experience, eval_streams, **kwargs)
+        self.theta_gp = self._snapshot()
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        fresh = self.ctx.new_optimizer(trainable, lr=self.cfg.stage2_lr)
+        self._run_stage(2, self.cfg.stage2_epochs, fresh, experience, eval_streams, **kwargs)
+        self.theta_free = self._snapshot()
+        f_free = self._fisher(experience.dataset, "free")
+        delta = {n: self.theta_free[n] - self.theta_gp[n] for n in self._alpha_names()}
+        closed = closed_form_alpha(f_free, self.f_old, delta)
+        alpha = closed if self.cfg.alpha == "auto" else self.cfg.alpha
+        self.sweeps.append(self._sweep(closed, alpha) if self.cfg.sweep else None)
+        self.merge(alpha)
+        for name, f in self._fisher(experience.dataset, "merged").items():
+            self.f_old[name] = self.f_old[name] + f if name in self.f_old else f.clone()
+        self.alphas.append(alpha)
+        self.closed_forms.append(closed)
+
+    def _alpha_names(self) -> list[str]:
+        """Shared trainable parameters (plus every head when alpha_include_heads)."""
+        return [n for n, p in self.model.named_parameters() if p.requires_grad
+                and (n.startswith("blocks.") or (self.cfg.include_heads and n.startswith("heads.")))]
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        """Trainable parameters and the buffers of non-frozen blocks (BatchNorm statistics)."""
+        out = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
+        frozen = {f"blocks.{b}." for b in self.model.frozen_blocks}
+        for n, b in self.model.named_buffers():
+            if not any(n.startswith(f) for f in frozen):
+                out[n] = b.detach().clone()
+        return out
+
+    @torch.no_grad()
+    def merge(self, alpha: float) -> None:
+        """Set the model to (1−α)·θ_gp + α·θ_free (parameters and non-frozen buffers)."""
+        tensors = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        for name, gp in self.theta_gp.items():
+            tensors[name].copy_(merge_tensors(gp, self.theta_free[name], alpha))
+
+    def _fisher(self, dataset, purpose: str) -> dict[str, torch.Tensor]:
+        """Diagonal Fisher of the trainable parameters on (a seeded subset of) the task's data."""
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        limit = self.cfg.fisher_samples or len(dataset)
+        idx = sample_indices(len(dataset), limit, self.ctx.seed + 7919, self.task)
+        buffers = {n: b.detach().clone() for n, b in self.model.named_buffers()}
+        was_training = self.model.training
+        self.model.train()  # the spec: train mode; BatchNorm statistics restored below
+        try:
+            batches = dataset_batches(dataset, idx, self.ctx.train_mb_size, self.device)
+            return diag_fisher(self.model, batches, params)
+        finally:
+            with torch.no_grad():
+                for n, b in self.model.named_buffers():
+                    b.copy_(buffers[n])
+            self.model.train(was_training)
+
+    def _sweep(self, closed: float, alpha: float) -> dict:
+        """Mean test accuracy on tasks 1..t at α ∈ {0, 0.1, …, 1} (diagnostic only)."""
+        seen = self.ctx.tasks[:self.task + 1]
+        grid = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for a in SWEEP_GRID:
+                self.merge(a)
+                accs = [task_accuracy(self.model, t.x_test, t.y_test, t.index, self.ctx.eval_mb_size,
+                                      self.device) for t in seen]
+                grid.append({"alpha": a, "acc_seen": sum(accs) / len(accs)})
+        finally:
+            self.model.train(was_training)
+        return {"closed_form": closed, "alpha": alpha, "grid": grid}
+
+    def harness_diagnostics(self) -> dict:
+        """α per task (None for task 1), the closed form, the optional sweep, GPM memory dims."""
+        out = {"alpha": list(self.alphas), "alpha_closed_form": list(self.closed_forms),
+               **self.memory.diagnostics()}
+        if self.cfg.sweep:
+            out["alpha_sweep"] = list(self.sweeps)
+        return out
+
+
+def build_became(ctx, **hparams):
+    """BECAME on the regime's shared trainable layers (see module docstring)."""
+    cfg = _config(ctx, hparams)
+    if cfg.sweep and not ctx.tasks:
+        raise ValueError("became: hparams.alpha_sweep=true needs the run's tasks (MethodContext.tasks)")
+    memory = GPMMemory(ctx.regime, hparams["eps_base"], hparams["eps_step"], hparams["n_samples"], ctx.seed)
+    return BecameStrategy(ctx=ctx, cfg=cfg, memory=memory)
+
+
+ADAPTERS = (
+    MethodAdapter("became", dict(BECAME_DEFAULTS), build_became,
+                  "BECAME: GPM stage + free stage, merged with a closed-form Bayesian coefficient",
+                  "Li et al., ICML 2025", family="gpm"),
+)
