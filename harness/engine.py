@@ -60,23 +60,29 @@ def seed_everything(seed: int) -> None:
 
 
 def run_one(spec: RunSpec, *, data_dir: str | None = None, download: bool = False,
-            device: str = "auto", method_files=()) -> RunRecord:
-    """Run one spec; any exception or divergence becomes a record, never a crash."""
+            device: str = "auto", method_files=(), submission: dict | None = None,
+            observer=None) -> RunRecord:
+    """Run one spec; any exception or divergence becomes a record, never a crash.
+
+    `submission` ({"file", "sha256"}) goes into the record's provenance (not the run id);
+    `observer(event, t, strategy)` is called with "before_task"/"after_task" around each
+    task's training (the contract check uses it to look at the model).
+    """
     started = time.perf_counter()
     progress = _Progress()
     status, error = "ok", None
     dev = resolve_device(device)
     try:
-        _execute(spec, progress, data_dir, download, dev, method_files)
+        _execute(spec, progress, data_dir, download, dev, method_files, observer)
     except DivergedError as exc:
         status, error = "diverged", str(exc)
     except Exception as exc:  # a failing method is a result, not a crash of the sweep
         status, error = "failed", f"{type(exc).__name__}: {exc}"
         progress.diagnostics["traceback"] = "".join(traceback.format_exc(limit=-6))
-    return _record(spec, progress, status, error, time.perf_counter() - started, dev)
+    return _record(spec, progress, status, error, time.perf_counter() - started, dev, submission)
 
 
-def _execute(spec, progress, data_dir, download, device, method_files) -> None:
+def _execute(spec, progress, data_dir, download, device, method_files, observer=None) -> None:
     seed_everything(spec.seed)
     data = load_dataset(spec.dataset.name, data_dir, download)
     tasks = split_tasks(data, spec.class_order, spec.dataset.n_tasks,
@@ -93,6 +99,8 @@ def _execute(spec, progress, data_dir, download, device, method_files) -> None:
         t0 = time.perf_counter()
         apply_regime(strategy.model, first_regime if t == 0 else spec.regime)
         before = frozen_state(strategy.model)
+        if observer:
+            observer("before_task", t, strategy)
         strategy.train(experience)
         _check_frozen(strategy.model, before, spec.regime)
         if harness_plugin.iterations == 0:
@@ -103,6 +111,8 @@ def _execute(spec, progress, data_dir, download, device, method_files) -> None:
         progress.rows.append(_timed_eval(evaluated, tasks, spec, device, progress))
         progress.snapshots.append(snapshot(shared_named_parameters(evaluated)))
         progress.diagnostics.update(_diagnostics(strategy))
+        if observer:
+            observer("after_task", t, strategy)
 
 
 def _check_frozen(model, before: dict, regime: str) -> None:
@@ -193,7 +203,8 @@ def _param_counts(model, regime: str) -> dict:
             "per_head": per_head}
 
 
-def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device) -> RunRecord:
+def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
+            submission: dict | None = None) -> RunRecord:
     T = spec.dataset.n_tasks
     rows = progress.rows
     metrics = all_metrics(rows, progress.init_acc) if status == "ok" and len(rows) == T else {}
@@ -212,4 +223,11 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device) 
         n_blocks=n_blocks,
         timings={"total_s": total_s, "train_s": train_s, "eval_s": progress.eval_s,
                  "per_task_s": progress.per_task_s},
-        provenance=provenance(str(device)))
+        provenance=_provenance(device, submission))
+
+
+def _provenance(device, submission: dict | None) -> dict:
+    prov = provenance(str(device))
+    if submission:
+        prov["submission"] = dict(submission)
+    return prov

@@ -20,13 +20,15 @@ class RunOptions:
     device: str = "auto"
     method_files: tuple = ()
     threads: int | None = None
+    submission: dict | None = None  # {"file", "sha256"}: recorded in provenance by `cl-bench submit`
 
 
 def _run(spec, options: RunOptions):
     from .engine import run_one
 
     return run_one(spec, data_dir=options.data_dir, download=options.download,
-                   device=options.device, method_files=options.method_files)
+                   device=options.device, method_files=options.method_files,
+                   submission=options.submission)
 
 
 def _worker_init(threads: int | None) -> None:
