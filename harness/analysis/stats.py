@@ -21,10 +21,18 @@ LEVEL = 0.95
 
 def boot_weights(n: int, n_boot: int = N_BOOT, seed: int = SEED) -> np.ndarray:
     """Multinomial resampling counts, shape (n_boot, n); row b = draw counts of resample b."""
+    return _boot_weights(int(n), int(n_boot), int(seed))
+
+
+@functools.lru_cache(maxsize=64)
+def _boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
+    # Cached: many groups share a size, and the same seed gives the same draws anyway.
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(n_boot, n))
     flat = idx + (np.arange(n_boot) * n)[:, None]
-    return np.bincount(flat.ravel(), minlength=n_boot * n).reshape(n_boot, n).astype(float)
+    w = np.bincount(flat.ravel(), minlength=n_boot * n).reshape(n_boot, n).astype(float)
+    w.flags.writeable = False
+    return w
 
 
 def percentile_ci(samples: np.ndarray, level: float = LEVEL) -> tuple[float, float]:
@@ -117,14 +125,28 @@ class _Sorted:
         return (np.cumsum(gw, axis=1) - (gw - 1) / 2)[:, self.group]
 
 
-def _weighted_pearson(x: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray:
-    """Pearson r per row of W; x, y are (n,) or (rows, n)."""
-    tot = W.sum(1, keepdims=True)
-    mx = (W * x).sum(1, keepdims=True) / tot
-    my = (W * y).sum(1, keepdims=True) / tot
-    dx, dy = x - mx, y - my
+def _pearson_from_moments(n, sx, sy, sxx, syy, sxy) -> np.ndarray:
     with np.errstate(invalid="ignore", divide="ignore"):
-        return (W * dx * dy).sum(1) / np.sqrt((W * dx * dx).sum(1) * (W * dy * dy).sum(1))
+        return (n * sxy - sx * sy) / np.sqrt((n * sxx - sx * sx) * (n * syy - sy * sy))
+
+
+def _weighted_pearson(x: np.ndarray, y: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Pearson r per row of W for 1-D x, y: all weighted moments in one matrix product."""
+    xc, yc = x - x.mean(), y - y.mean()  # centring keeps the moment formula stable
+    M = W @ np.column_stack([np.ones_like(xc), xc, yc, xc * xc, yc * yc, xc * yc])
+    return _pearson_from_moments(*M.T)
+
+
+def _weighted_rank_pearson(rx: np.ndarray, ry: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """Pearson r per row between rank rows rx, ry (rows x n) under weights W."""
+    n = W.sum(1)
+    m = (n + 1) / 2  # weighted average rank is always (N + 1) / 2
+    dx, dy = rx - m[:, None], ry - m[:, None]
+    sxy = np.einsum("ij,ij,ij->i", W, dx, dy)
+    sxx = np.einsum("ij,ij,ij->i", W, dx, dx)
+    syy = np.einsum("ij,ij,ij->i", W, dy, dy)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return sxy / np.sqrt(sxx * syy)
 
 
 def boot_corr(x, y, resampler: Resampler) -> tuple[np.ndarray, np.ndarray]:
@@ -143,8 +165,8 @@ def boot_corr(x, y, resampler: Resampler) -> tuple[np.ndarray, np.ndarray]:
         Wx = W[:, sx.order]
         rx = sx.ranks(Wx)
         ry = sy.ranks(W[:, sy.order])[:, to_x]
-        rho.append(_weighted_pearson(rx, ry, Wx))
-        r.append(_weighted_pearson(x[sx.order], y[sx.order], Wx))
+        rho.append(_weighted_rank_pearson(rx, ry, Wx))
+        r.append(_weighted_pearson(x, y, W))
     return np.concatenate(rho), np.concatenate(r)
 
 
