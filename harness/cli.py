@@ -16,6 +16,13 @@ RUN_EXAMPLES = """examples:
   cl-bench run --protocol depth-sweep-mini --methods naive,lwf --regimes head,full --orders 2
   cl-bench run --protocol depth-sweep --data-dir ~/data --download --jobs 4
   cl-bench run --protocol my-protocol.yaml --method my_method.py --results out/
+  cl-bench run --protocol depth-sweep-mini --executor ray --jobs 4   # local Ray, 4 CPUs
+  cl-bench run --protocol depth-sweep --executor ray --ray-address ray://head:10001
+  cl-bench run --protocol smoke --no-mlflow                  # no MLflow logging
+"""
+EXPORT_EXAMPLES = """examples:
+  cl-bench export --results results/ --format csv                 # results/records.csv
+  cl-bench export --results results/ --protocol smoke --format parquet --out smoke.parquet
 """
 LIST_EXAMPLES = """examples:
   cl-bench list                 # everything
@@ -24,6 +31,7 @@ LIST_EXAMPLES = """examples:
 LEADERBOARD_EXAMPLES = """examples:
   cl-bench leaderboard --results results/
   cl-bench leaderboard --results results/ --protocol depth-sweep-mini --out site/
+  cl-bench leaderboard --from-mlflow http://mlflow.team:5000 --experiment depth-sweep --out site/
 """
 
 
@@ -74,7 +82,47 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--results", default="results", help="results folder (default: results/)")
     lb.add_argument("--protocol", help="protocol name inside the results folder (default: each one found)")
     lb.add_argument("--out", help="output folder (default: <results>/<protocol>/site/)")
+    lb.add_argument("--from-mlflow", metavar="URI",
+                    help="build from the record artifacts of an MLflow experiment instead of --results")
+    lb.add_argument("--experiment", help="MLflow experiment with --from-mlflow (default: --protocol)")
+    _add_export(sub, fmt)
     return parser
+
+
+def _add_export(sub, fmt) -> None:
+    exp = sub.add_parser("export", help="write the tidy table of all records (CSV or Parquet)",
+                         epilog=EXPORT_EXAMPLES, formatter_class=fmt)
+    exp.add_argument("--results", default="results", help="results folder (default: results/)")
+    exp.add_argument("--protocol", help="only this protocol's records (default: every protocol found)")
+    exp.add_argument("--format", choices=("csv", "parquet"), default="csv", help="default: csv")
+    exp.add_argument("--out", help="output file (default: <results>/records.<format>)")
+
+
+def _non_negative(kind):
+    def parse(value: str):
+        try:
+            number = kind(value)
+        except ValueError:
+            number = -1
+        if number < 0:
+            raise argparse.ArgumentTypeError(f"expected a non-negative number, got {value!r}")
+        return number
+    return parse
+
+
+def _add_tracking_and_scaleout(run) -> None:
+    run.add_argument("--ray-address", metavar="ADDR",
+                     help="with --executor ray: join this Ray cluster (default: start a local Ray with --jobs CPUs)")
+    run.add_argument("--num-cpus", type=_non_negative(float),
+                     help="with --executor ray: CPUs per run (default: protocol resources, else 1)")
+    run.add_argument("--num-gpus", type=_non_negative(float),
+                     help="with --executor ray: GPUs per run (default: protocol resources, else 0)")
+    run.add_argument("--max-retries", type=_non_negative(int), default=1,
+                     help="reruns of a run whose worker process died (process, ray; default 1)")
+    run.add_argument("--tracking-uri", metavar="URI",
+                     help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<results>/mlflow.db)")
+    run.add_argument("--experiment", help="MLflow experiment name (default: the protocol name)")
+    run.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
 
 
 def _add_run(sub, fmt) -> None:
@@ -90,8 +138,9 @@ def _add_run(sub, fmt) -> None:
     run.add_argument("--orders", type=_positive_int, help="only the first N task orders")
     run.add_argument("--only", type=_csv, metavar="RUN_IDS", help="only these run ids (reproduce single runs)")
     run.add_argument("--jobs", type=_positive_int, default=1, help="worker processes (default 1)")
-    run.add_argument("--executor", choices=("inline", "process"), default="process",
-                     help="how runs are dispatched (default: process; --jobs 1 runs inline)")
+    run.add_argument("--executor", choices=("inline", "process", "ray"), default="process",
+                     help="how runs are dispatched (default: process; --jobs 1 runs inline; "
+                          "ray needs the [ray] extra)")
     run.add_argument("--data-dir", help="folder holding torchvision data sets (default: ./data or $CL_BENCH_DATA)")
     run.add_argument("--download", action="store_true", help="download missing torchvision data sets")
     run.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: auto")
@@ -101,6 +150,7 @@ def _add_run(sub, fmt) -> None:
     run.add_argument("--dry-run", action="store_true", help="print the grid and what is already done; run nothing")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
     run.add_argument("--no-leaderboard", action="store_true", help="do not rebuild the leaderboard at the end")
+    _add_tracking_and_scaleout(run)
 
 
 def main(argv=None) -> int:
@@ -125,11 +175,12 @@ def main(argv=None) -> int:
 def _user_error_message(exc: Exception) -> str | None:
     """One-line message for errors caused by the user's input; None for bugs."""
     from .datasets import DatasetError
+    from .export import ExportError
     from .protocol import ProtocolError
     from .registry import RegistryError
     from .sweep import SweepError
 
-    if isinstance(exc, (ProtocolError, DatasetError, RegistryError, SweepError)):
+    if isinstance(exc, (ProtocolError, DatasetError, RegistryError, SweepError, ExportError)):
         return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return None
 
@@ -155,7 +206,14 @@ def cmd_leaderboard(args) -> int:
     return leaderboard_command(args)
 
 
-COMMANDS = {"run": cmd_run, "list": cmd_list, "leaderboard": cmd_leaderboard}
+def cmd_export(args) -> int:
+    """`cl-bench export`."""
+    from .commands import export_command
+
+    return export_command(args)
+
+
+COMMANDS = {"run": cmd_run, "list": cmd_list, "leaderboard": cmd_leaderboard, "export": cmd_export}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -20,7 +20,7 @@ def run_command(args) -> int:
     """Plan, optionally print the grid, run what is left, print the summary, build the site."""
     from .engine import resolve_device
     from .executors import RunOptions
-    from .sweep import make_plan, run_sweep
+    from .sweep import make_plan
 
     protocol = _load(args)
     plan = make_plan(protocol, args.results, retry_failed=args.retry_failed, only=tuple(args.only or ()))
@@ -34,14 +34,57 @@ def run_command(args) -> int:
     options = RunOptions(data_dir=args.data_dir, download=args.download, device=args.device,
                          method_files=tuple(args.method))
     _preload_data(protocol, options)
-    result = run_sweep(plan, protocol, args.results, options, jobs=args.jobs, executor=args.executor,
-                       progress=not args.no_progress)
+    result = _run_tracked(plan, protocol, args, options)
     print(f"\n{len(result.written)} runs finished in {result.wall_s:.1f} s "
           f"({_statuses(result.statuses)}); records in {Path(args.results) / protocol.name / 'runs'}")
     print_summary(args.results, protocol.name)
     if not args.no_leaderboard:
         build_leaderboard(args.results, protocol.name)
     return 130 if result.interrupted else 0
+
+
+def _run_tracked(plan, protocol, args, options):
+    """run_sweep with the executor the flags ask for, mirrored into MLflow unless --no-mlflow."""
+    from .sweep import run_sweep
+    from .tracking import make_tracker
+
+    executor = _executor(args, protocol, options)
+    tracker = make_tracker(args, protocol, plan)
+    if tracker:
+        print(f"mlflow: experiment {tracker.experiment!r} at {tracker.uri} "
+              f"(browse: mlflow ui --backend-store-uri {shlex.quote(tracker.uri)})")
+    try:
+        result = run_sweep(plan, protocol, args.results, options, jobs=args.jobs, executor=executor,
+                           progress=not args.no_progress, on_record=(tracker.log_record,) if tracker else ())
+    except BaseException:
+        if tracker:
+            tracker.abort()
+        raise
+    if tracker:
+        tracker.finish(interrupted=result.interrupted)
+    return result
+
+
+def _executor(args, protocol, options):
+    """The executor of `--executor` with its retries and, for Ray, address and resources."""
+    from .executors import make_executor
+
+    retries = getattr(args, "max_retries", 1)
+    ray_flags = {"--ray-address": getattr(args, "ray_address", None),
+                 "--num-cpus": getattr(args, "num_cpus", None), "--num-gpus": getattr(args, "num_gpus", None)}
+    if args.executor != "ray":
+        given = [flag for flag, value in ray_flags.items() if value is not None]
+        if given:
+            raise _usage(f"{given[0]}: only applies to --executor ray (got --executor {args.executor})")
+        return make_executor(args.executor, options, args.jobs, max_retries=retries)
+    from .ray_executor import RayOptions
+
+    res = protocol.resources or {}
+    pick = lambda flag, key, default: next(  # noqa: E731
+        v for v in (ray_flags[flag], res.get(key), default) if v is not None)
+    ray_options = RayOptions(address=ray_flags["--ray-address"], num_cpus=float(pick("--num-cpus", "num_cpus", 1.0)),
+                             num_gpus=float(pick("--num-gpus", "num_gpus", 0.0)), max_retries=retries)
+    return make_executor("ray", options, args.jobs, max_retries=retries, ray_options=ray_options)
 
 
 def _usage(message: str):
@@ -109,6 +152,9 @@ def leaderboard_command(args) -> int:
     from .records import discover_protocol_dirs
     from .sweep import SweepError
 
+    if getattr(args, "from_mlflow", None):
+        return leaderboard_from_mlflow(args)
+
     names = [args.protocol] if args.protocol else [p.name for p in discover_protocol_dirs(args.results)]
     if not names:
         raise SweepError(f"--results: no records found under {args.results} "
@@ -117,6 +163,42 @@ def leaderboard_command(args) -> int:
         raise SweepError(f"--out: {len(names)} protocols found ({', '.join(names)}); add --protocol NAME")
     built = [build_leaderboard(args.results, n, args.out) for n in names]
     return 0 if all(built) else 1
+
+
+def leaderboard_from_mlflow(args) -> int:
+    """`cl-bench leaderboard --from-mlflow URI --experiment NAME`: the site of an MLflow experiment."""
+    from .export import records_from_mlflow
+    from .site import build_site
+    from .sweep import SweepError
+
+    experiment = args.experiment or args.protocol
+    if not experiment:
+        raise SweepError("--from-mlflow: name the MLflow experiment with --experiment NAME")
+    records = records_from_mlflow(args.from_mlflow, experiment)
+    if not records:
+        raise SweepError(f"--from-mlflow: experiment {experiment!r} at {args.from_mlflow} "
+                         "holds no cl-bench records")
+    target = Path(args.out) if args.out else Path(args.results) / f"mlflow-{experiment}" / "site"
+    index = build_site(records, target)
+    print(f"leaderboard: {len(records)} records from MLflow experiment {experiment!r}: {Path(index).resolve()}")
+    return 0
+
+
+def export_command(args) -> int:
+    """`cl-bench export`: the tidy table (one row per record) as CSV or Parquet."""
+    from .export import export_table
+    from .records import load_records
+    from .sweep import SweepError
+
+    records = load_records(args.results, args.protocol)
+    if not records:
+        where = Path(args.results) / (args.protocol or "<protocol>") / "runs"
+        raise SweepError(f"--results: no records found under {where}")
+    folder = Path(args.results) / args.protocol if args.protocol else Path(args.results)
+    out = Path(args.out) if args.out else folder / f"records.{args.format}"
+    path = export_table(records, args.format, out)
+    print(f"export: {len(records)} records -> {path}")
+    return 0
 
 
 def list_command(args) -> int:

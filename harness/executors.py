@@ -6,6 +6,7 @@ driver consumes the iterator and is the only writer of results.
 from __future__ import annotations
 
 import os
+from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -61,27 +62,69 @@ class ProcessExecutor:
 
     name = "process"
 
-    def __init__(self, options: RunOptions, jobs: int):
+    def __init__(self, options: RunOptions, jobs: int, max_retries: int = 1):
         self.options = options
         self.jobs = jobs
+        self.max_retries = max_retries
 
     def run(self, specs):
-        """Yield records as workers finish them; a dead worker's specs become failed records."""
+        """Yield one record per spec as workers finish.
+
+        A worker that dies breaks the whole pool (every pending future fails): the pool is
+        rebuilt and the runs it took down are rerun one at a time, which tells the run that
+        kills its worker apart from bystanders; that run becomes a failed record once it has
+        died alone `max_retries` + 1 times.
+        """
         threads = self.options.threads or max(1, (os.cpu_count() or 1) // self.jobs)
-        pool = ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn"),
-                                   initializer=_worker_init, initargs=(threads,))
-        pending, todo = {}, list(specs)[::-1]
+        todo, suspects, deaths, pending = deque(specs), deque(), {}, {}
+        pool = self._pool(threads)
         try:
-            while todo or pending:
-                while todo and len(pending) < self.jobs:
-                    spec = todo.pop()
+            while todo or suspects or pending:
+                queue, limit = (suspects, 1) if suspects else (todo, self.jobs)
+                while queue and len(pending) < limit:
+                    spec = queue.popleft()
                     pending[pool.submit(_run, spec, self.options)] = spec
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
+                if not any(_broken(f) for f in done):
+                    for future in done:
+                        yield _result_or_failure(future, pending.pop(future))
+                    continue
+                wait(pending)  # a broken pool fails all its futures at once
+                casualties = []
+                for future in list(pending):
                     spec = pending.pop(future)
-                    yield _result_or_failure(future, spec)
+                    if _broken(future):
+                        casualties.append(spec)
+                    else:
+                        yield _result_or_failure(future, spec)
+                pool.shutdown(wait=False, cancel_futures=True)
+                pool = self._pool(threads)
+                yield from self._triage(casualties, suspects, deaths)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
+
+    def _pool(self, threads: int):
+        return ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn"),
+                                   initializer=_worker_init, initargs=(threads,))
+
+    def _triage(self, casualties: list, suspects: deque, deaths: dict):
+        """Queue the runs a broken pool took down; fail the one that keeps killing its worker."""
+        if len(casualties) > 1:  # any of them may be the culprit: rerun each alone
+            suspects.extend(casualties)
+            return
+        spec = casualties[0]
+        deaths[spec.run_id] = deaths.get(spec.run_id, 0) + 1
+        if deaths[spec.run_id] > self.max_retries:
+            yield failed_record(spec, f"worker process died while running this spec "
+                                      f"({deaths[spec.run_id]} times, alone in its pool)")
+        else:
+            suspects.appendleft(spec)
+
+
+def _broken(future) -> bool:
+    from concurrent.futures.process import BrokenProcessPool
+
+    return future.done() and isinstance(future.exception(), BrokenProcessPool)
 
 
 def _result_or_failure(future, spec):
@@ -105,10 +148,15 @@ def failed_record(spec, error: str, status: str = "failed"):
                      params={}, regime_depth=None, n_blocks=None, timings={}, provenance=provenance("unknown"))
 
 
-def make_executor(name: str, options: RunOptions, jobs: int = 1):
-    """The executor for `--executor` / `--jobs`."""
+def make_executor(name: str, options: RunOptions, jobs: int = 1, max_retries: int = 1,
+                  ray_options=None):
+    """The executor for `--executor` / `--jobs` (`ray_options`: a RayOptions for `ray`)."""
     if name == "inline" or (name == "process" and jobs <= 1):
         return InlineExecutor(options)
     if name == "process":
-        return ProcessExecutor(options, jobs)
-    raise ValueError(f"--executor: unknown executor {name!r}; allowed: inline, process")
+        return ProcessExecutor(options, jobs, max_retries=max_retries)
+    if name == "ray":
+        from .ray_executor import RayExecutor, RayOptions
+
+        return RayExecutor(options, jobs, ray_options or RayOptions(max_retries=max_retries))
+    raise ValueError(f"--executor: unknown executor {name!r}; allowed: inline, process, ray")

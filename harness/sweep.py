@@ -136,7 +136,9 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
     with ResultsLock(folder, log=log):
         bar = _progress_bar(len(plan.todo), progress)
         try:
-            for record in make_executor(executor, options, jobs).run(plan.todo):
+            # `executor`: a name, or an executor object (e.g. a configured RayExecutor)
+            runner = executor if hasattr(executor, "run") else make_executor(executor, options, jobs)
+            for record in runner.run(plan.todo):
                 path = write_record(runs_dir(results, protocol.name), record)
                 result.written.append(path)
                 result.statuses[record.status] = result.statuses.get(record.status, 0) + 1
