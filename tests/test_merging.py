@@ -187,11 +187,10 @@ def test_evaluated_model_is_theta0_plus_lambda_magmax_of_task_vectors(pretrain):
         expect = rules.magmax(taus)
         for k in keys:
             assert torch.allclose(step["evaluated"][k], theta0[k] + 0.5 * expect[k], atol=1e-6)
-    n_vectors = len(trained)
     assert plugin.harness_diagnostics()["task_vector_norms"][-1] == pytest.approx(
         [float(torch.sqrt(sum(((s["current"][k] - theta0[k]) ** 2).sum() for k in keys)))
          for s in trained])
-    assert len(plugin.harness_diagnostics()["sign_conflicts"]) == 4 and n_vectors >= 3
+    assert len(plugin.harness_diagnostics()["sign_conflicts"]) == 4
 
 
 @pytest.mark.parametrize("method", ["magmax", "ties"])
