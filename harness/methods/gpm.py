@@ -37,9 +37,16 @@ def sample_indices(n: int, k: int, seed: int, task: int) -> torch.Tensor:
 
 
 def dataset_batches(dataset, indices, batch_size: int, device):
-    """Yield (x, task_labels) batches of `dataset[indices]` in index order."""
-    subset = torch.utils.data.Subset(dataset, indices.tolist())
-    for x, _, t in torch.utils.data.DataLoader(subset, batch_size=batch_size, shuffle=False):
+    """Yield (x, task_labels) batches of `dataset[indices]` in index order.
+
+    Indexes the dataset directly (no DataLoader): drawing these samples must not consume
+    the global RNG that shuffles training batches.
+    """
+    idx = indices.tolist()
+    for start in range(0, len(idx), batch_size):
+        items = [dataset[i] for i in idx[start:start + batch_size]]
+        x = torch.stack([torch.as_tensor(item[0]) for item in items])
+        t = torch.tensor([int(item[2]) for item in items])
         yield x.to(device), t.to(device)
 
 

@@ -1,0 +1,178 @@
+"""BECAME: Fisher, closed-form α, merge endpoints, Fisher accumulation, regimes, sweep."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from harness.methods._gpm_math import closed_form_alpha, diag_fisher, merge_tensors
+from harness.methods.became import SWEEP_GRID
+
+from test_gpm import check_regime, drive
+
+
+class SoftmaxRegression(nn.Module):
+    """A task-aware linear classifier: its CE gradient has a closed form."""
+
+    def __init__(self, d_in: int, classes: int):
+        super().__init__()
+        self.fc = nn.Linear(d_in, classes)
+
+    def forward(self, x, task):
+        return self.fc(x)
+
+
+def test_fisher_equals_per_batch_brute_force():
+    gen = torch.Generator().manual_seed(0)
+    model = SoftmaxRegression(5, 3)
+    x = torch.randn(23, 5, generator=gen)
+    batches = [(x[i:i + 8], 0) for i in range(0, 23, 8)]  # 8, 8, 7: |B| weighting matters
+    fisher = diag_fisher(model, batches, dict(model.named_parameters()))
+    w, b = model.fc.weight.detach().double(), model.fc.bias.detach().double()
+    fw, fb = torch.zeros_like(w), torch.zeros_like(b)
+    for xb, _ in batches:
+        xb = xb.double()
+        p = torch.softmax(xb @ w.T + b, dim=1)
+        resid = p - nn.functional.one_hot(p.argmax(1), 3).double()  # targets: own argmax
+        fw += len(xb) * (resid.T @ xb / len(xb)) ** 2
+        fb += len(xb) * resid.mean(0) ** 2
+    assert torch.allclose(fisher["fc.weight"].double(), fw / 23, rtol=1e-4, atol=1e-9)
+    assert torch.allclose(fisher["fc.bias"].double(), fb / 23, rtol=1e-4, atol=1e-9)
+
+
+def test_alpha_equals_hand_computation():
+    f_new = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.5])}
+    f_old = {"a": torch.tensor([3.0, 0.0]), "b": torch.tensor([1.0])}
+    delta = {"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([2.0])}
+    # numerator 1 + 2 + 0.5·4 = 5; denominator 5 + 3 + 0 + 1·4 = 12
+    assert closed_form_alpha(f_new, f_old, delta) == pytest.approx(5 / 12)
+    assert closed_form_alpha(f_new, {}, delta) == pytest.approx(1.0)  # no old Fisher: all new
+    assert closed_form_alpha(f_new, f_old, {k: torch.zeros_like(v) for k, v in delta.items()}) == 0.0
+    assert closed_form_alpha(f_new, f_old, {"a": delta["a"]}) == pytest.approx(3 / 6)  # only named params
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000))
+def test_alpha_lies_in_unit_interval(seed):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (int(torch.randint(1, 6, (1,), generator=gen)),)
+    f_new, f_old = torch.rand(shape, generator=gen) ** 3, torch.rand(shape, generator=gen) ** 3
+    delta = torch.randn(shape, generator=gen) * 10 ** float(torch.randint(-4, 4, (1,), generator=gen))
+    alpha = closed_form_alpha({"p": f_new}, {"p": f_old}, {"p": delta})
+    assert 0.0 <= alpha <= 1.0
+    merged = merge_tensors(torch.zeros(shape), delta, alpha)
+    assert torch.all(merged.abs() <= delta.abs() + 1e-6)  # the merge lies between the endpoints
+
+
+def test_merge_is_exact_at_endpoints_and_on_equal_entries():
+    gp, free = torch.tensor([0.1, 0.7, 3.3]), torch.tensor([0.3, 0.7, -1.1])
+    assert torch.equal(merge_tensors(gp, free, 0.0), gp)
+    assert torch.equal(merge_tensors(gp, free, 1.0), free)
+    assert merge_tensors(gp, free, 0.3)[1] == 0.7  # unchanged entries stay bitwise
+
+
+def _became(hparams, n_tasks=2, **kw):
+    seen = {}
+
+    def after(t, s):
+        seen[t] = {"f_old": {n: f.clone() for n, f in s.f_old.items()},
+                   "params": {n: p.detach().clone() for n, p in s.model.named_parameters()}}
+    strategy, tasks = drive("became", "last-2", hparams, n_tasks=n_tasks, epochs=2, after_task=after, **kw)
+    return strategy, tasks, seen
+
+
+def _trainable(strategy):
+    return {n: p.detach() for n, p in strategy.model.named_parameters() if p.requires_grad}
+
+
+def _sweep_endpoint_matches(became, tasks, index):
+    """The sweep's grid point equals the evaluated accuracy of the final model on seen tasks."""
+    from harness.evaluation import evaluate_tasks
+
+    accs = evaluate_tasks(became.model, tasks[:2], 256, torch.device("cpu"))
+    assert became.sweeps[1]["grid"][index]["acc_seen"] == pytest.approx(sum(accs) / 2)
+
+
+def test_alpha_zero_reproduces_gpm_only_parameters():
+    became, tasks, _ = _became({"alpha": 0.0, "alpha_sweep": True})
+    assert became.alphas[1] == 0.0 and 0.0 <= became.closed_forms[1] <= 1.0
+    for n, p in _trainable(became).items():
+        assert torch.equal(p, became.theta_gp[n]), n
+    # independently: GPM training of task 2 (same seed, same task-1 model) gives the same model
+    gpm, _ = drive("gpm", "last-2", n_tasks=2, epochs=2)
+    gpm_params = dict(gpm.model.named_parameters())
+    for n, p in became.model.named_parameters():
+        assert torch.equal(p, gpm_params[n]), n
+    _sweep_endpoint_matches(became, tasks, 0)
+
+
+def test_alpha_one_reproduces_stage2_parameters_and_hand_alpha():
+    became, tasks, seen = _became({"alpha": 1.0, "alpha_sweep": True})
+    differs = False
+    for n, p in _trainable(became).items():
+        assert torch.equal(p, became.theta_free[n]), n
+        differs |= not torch.equal(became.theta_gp[n], became.theta_free[n])
+    assert differs  # stage 2 did train
+    _sweep_endpoint_matches(became, tasks, -1)
+    # the recorded closed form, recomputed by hand from θ_gp, θ_free, F_1 and the Fisher at θ_free
+    f_free = became._fisher(_experience_dataset(tasks, 1), "check")
+    num = den = 0.0
+    for n in became.theta_gp:
+        if n.startswith("blocks.") and became.model.get_parameter(n).requires_grad:
+            d2 = (became.theta_free[n] - became.theta_gp[n]).double() ** 2
+            num += float((f_free[n].double() * d2).sum())
+            den += float(((f_free[n] + seen[0]["f_old"][n]).double() * d2).sum())
+    assert became.closed_forms[1] == pytest.approx(num / den, rel=1e-6)
+
+
+def test_auto_alpha_merge_fisher_accumulation_and_diagnostics():
+    became, tasks, seen = _became({"alpha": "auto", "alpha_sweep": True})
+    alpha = became.alphas[1]
+    assert alpha == became.closed_forms[1] and 0.0 < alpha < 1.0
+    for n, p in _trainable(became).items():
+        expected = (1 - alpha) * became.theta_gp[n] + alpha * became.theta_free[n]
+        assert torch.allclose(p, expected, atol=1e-7), n
+    # frozen blocks and other tasks' heads are untouched by the merge
+    assert torch.equal(seen[1]["params"]["heads.0.weight"], seen[0]["params"]["heads.0.weight"])
+    assert torch.equal(seen[1]["params"]["blocks.fc1.1.weight"], seen[0]["params"]["blocks.fc1.1.weight"])
+    # F_old after task 2 = F_1 + Fisher at the merged model on task 2's data
+    f_merged = became._fisher(_experience_dataset(tasks, 1), "check")
+    for n, f in became.f_old.items():
+        expected = seen[0]["f_old"][n] + f_merged[n] if n in f_merged else seen[0]["f_old"][n]
+        assert torch.allclose(f, expected, rtol=1e-5, atol=1e-12), n
+    diag = became.harness_diagnostics()
+    assert diag["alpha"] == [None, alpha] and diag["alpha_sweep"][0] is None
+    sweep = diag["alpha_sweep"][1]
+    assert [g["alpha"] for g in sweep["grid"]] == list(SWEEP_GRID) and sweep["closed_form"] == alpha
+    assert all(0.0 <= g["acc_seen"] <= 1.0 for g in sweep["grid"])
+    # memory only for the regime's layers, although task 1 trained the full network
+    assert set(diag["gpm_memory_dims"]) == {"blocks.fc3.0", "blocks.fc4.0"}
+    assert all(len(v) == 2 for v in diag["gpm_memory_dims"].values())
+
+
+def test_heads_enter_alpha_only_when_asked():
+    f = {"blocks.w": torch.tensor([1.0]), "heads.1.w": torch.tensor([4.0])}
+    delta = {"blocks.w": torch.tensor([1.0])}
+    assert closed_form_alpha(f, {"blocks.w": torch.tensor([1.0])}, delta) == pytest.approx(0.5)
+    with_heads = {**delta, "heads.1.w": torch.tensor([1.0])}  # F_old of a new head is 0
+    assert closed_form_alpha(f, {"blocks.w": torch.tensor([1.0])}, with_heads) == pytest.approx(5 / 6)
+
+
+def _experience_dataset(tasks, t):
+    from harness.streams import to_avalanche
+
+    return to_avalanche(tasks).train_stream[t].dataset
+
+
+@pytest.mark.parametrize("regime", ["head", "last-1"])
+def test_became_respects_regime(regime):
+    check_regime("became", regime)
+
+
+@pytest.mark.parametrize("key, value", [("alpha", 1.5), ("alpha", "best"), ("stage2_lr", 0),
+                                        ("stage1_epochs", 0), ("alpha_sweep", "yes"), ("eps_base", 1.2)])
+def test_bad_hyperparameters_name_the_key(key, value):
+    with pytest.raises(ValueError, match=f"hparams.{key}="):
+        drive("became", "last-1", {key: value}, n_tasks=1)
