@@ -86,7 +86,52 @@ def build_parser() -> argparse.ArgumentParser:
                     help="build from the record artifacts of an MLflow experiment instead of --results")
     lb.add_argument("--experiment", help="MLflow experiment with --from-mlflow (default: --protocol)")
     _add_export(sub, fmt)
+    _add_check_and_submit(sub, fmt)
     return parser
+
+
+CHECK_EXAMPLES = """examples:
+  cl-bench check submissions/l2_anchor.py   # contract of a method file (exit 0 ok, 2 broken)
+  cl-bench check lwf                        # the same for a registered method
+"""
+SUBMIT_EXAMPLES = """examples:
+  cl-bench submit submissions/l2_anchor.py --protocol depth-sweep-mini
+  cl-bench submit my_method.py --protocol depth-sweep-mini --regimes head,full --orders 2 --jobs 2
+"""
+
+
+def _add_check_and_submit(sub, fmt) -> None:
+    chk = sub.add_parser("check", help="check a method file against the adapter contract",
+                         epilog=CHECK_EXAMPLES, formatter_class=fmt,
+                         description="Train the method on a tiny synthetic two-task stream under the head and "
+                                     "full regimes and check the adapter contract (see submissions/README.md).")
+    chk.add_argument("file", metavar="FILE", help="adapter file (.py), or the name of a registered method")
+    chk.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                     help="device of the check runs (default: cpu, where runs are bitwise reproducible)")
+    smt = sub.add_parser("submit", help="check a method file, run a protocol's grid for it, rebuild the leaderboard",
+                         epilog=SUBMIT_EXAMPLES, formatter_class=fmt,
+                         description="Run `check`, then the protocol's grid for this method only (its DEFAULTS "
+                                     "as hyperparameters); records carry the file's sha256.")
+    smt.add_argument("file", metavar="FILE", help="adapter file (.py)")
+    smt.add_argument("--protocol", required=True, help="protocol name (see `cl-bench list protocols`) or a YAML path")
+    smt.add_argument("--results", default="results", help="results folder (default: results/)")
+    smt.add_argument("--datasets", type=_csv, help="only these datasets (comma-separated)")
+    smt.add_argument("--regimes", type=_csv, help="only these regimes (comma-separated)")
+    smt.add_argument("--orders", type=_positive_int, help="only the first N task orders")
+    smt.add_argument("--jobs", type=_positive_int, default=1, help="worker processes (default 1)")
+    smt.add_argument("--executor", choices=("inline", "process"), default="process",
+                     help="how runs are dispatched (default: process; --jobs 1 runs inline)")
+    smt.add_argument("--data-dir", help="folder holding torchvision data sets (default: ./data or $CL_BENCH_DATA)")
+    smt.add_argument("--download", action="store_true", help="download missing torchvision data sets")
+    smt.add_argument("--device", dest="run_device", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="device of the protocol runs (default: auto; the check runs on the CPU)")
+    smt.add_argument("--retry-failed", action="store_true", help="rerun runs recorded as failed/diverged/timeout")
+    smt.add_argument("--dry-run", action="store_true", help="check, print the grid; run nothing")
+    smt.add_argument("--no-progress", action="store_true", help="no progress bar")
+    smt.add_argument("--no-leaderboard", action="store_true", help="do not rebuild the leaderboard at the end")
+    smt.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    smt.add_argument("--tracking-uri", metavar="URI", help="MLflow tracking URI (as for `run`)")
+    smt.set_defaults(device="cpu")
 
 
 def _add_export(sub, fmt) -> None:
@@ -213,7 +258,22 @@ def cmd_export(args) -> int:
     return export_command(args)
 
 
-COMMANDS = {"run": cmd_run, "list": cmd_list, "leaderboard": cmd_leaderboard, "export": cmd_export}
+def cmd_check(args) -> int:
+    """`cl-bench check`."""
+    from .commands import check_command
+
+    return check_command(args)
+
+
+def cmd_submit(args) -> int:
+    """`cl-bench submit`."""
+    from .commands import submit_command
+
+    return submit_command(args)
+
+
+COMMANDS = {"run": cmd_run, "list": cmd_list, "leaderboard": cmd_leaderboard, "export": cmd_export,
+            "check": cmd_check, "submit": cmd_submit}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -260,3 +260,44 @@ def reproduce_command(protocol: str, run_id: str, results: str | None = None) ->
     if results:
         cmd += ["--results", results]
     return shlex.join(cmd)
+
+
+def check_command(args) -> int:
+    """`cl-bench check FILE`: the adapter contract; 0 when it holds, 2 otherwise."""
+    from .contract import check
+
+    result = check(args.file, device=args.device)
+    if result.ok:
+        print("\n".join(result.passed))
+        print(f"{args.file}: the adapter contract holds ({len(result.passed)} checks passed)")
+        return 0
+    for finding in result.findings:
+        print(finding.format(), file=sys.stderr)
+    print(f"{args.file}: the adapter contract is broken ({len(result.findings)} problem(s)); "
+          "see submissions/README.md", file=sys.stderr)
+    return 2
+
+
+def submit_command(args) -> int:
+    """`cl-bench submit FILE --protocol NAME`: check, run the method's grid, rebuild the leaderboard."""
+    from .executors import RunOptions
+    from .submit import prepare
+
+    if check_command(args) != 0:
+        return 2
+    sub = prepare(args.file, args.protocol, args.results, datasets=args.datasets, regimes=args.regimes,
+                  orders=args.orders, retry_failed=args.retry_failed)
+    print(f"\nsubmission {sub.method!r} from {sub.file} (sha256 {sub.info['sha256'][:16]}...)")
+    print(format_plan(sub.protocol, sub.plan, args.results))
+    if args.dry_run:
+        return 0
+    options = RunOptions(data_dir=args.data_dir, download=args.download, device=args.run_device,
+                         method_files=(args.file,), submission=sub.info)
+    _preload_data(sub.protocol, options)
+    result = _run_tracked(sub.plan, sub.protocol, args, options)
+    print(f"\n{len(result.written)} runs of {sub.method!r} finished in {result.wall_s:.1f} s "
+          f"({_statuses(result.statuses)})")
+    print_summary(args.results, sub.protocol.name)
+    if not args.no_leaderboard:
+        build_leaderboard(args.results, sub.protocol.name)
+    return 130 if result.interrupted else 0

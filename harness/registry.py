@@ -5,13 +5,18 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import inspect
+import json
 import pkgutil
+import re
 import sys
 from pathlib import Path
 
 from .adapter import MethodAdapter
 
 ENTRY_POINT_GROUP = "cl_bench.methods"
+# Method names appear in comma-separated CLI filters, file names and URLs of the leaderboard.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class RegistryError(ValueError):
@@ -25,23 +30,56 @@ def submissions_dir() -> Path:
 
 def adapters_from_module(module, source: str) -> list[MethodAdapter]:
     """The adapters a module defines (`ADAPTERS`, or the `NAME`/`DEFAULTS`/`build` form)."""
+    if isinstance(module, MethodAdapter):  # an entry point may name an adapter object directly
+        return [validate_adapter(module, source)]
     if hasattr(module, "ADAPTERS"):
-        return list(module.ADAPTERS)
+        adapters = module.ADAPTERS
+        if not isinstance(adapters, (list, tuple)) or not all(isinstance(a, MethodAdapter) for a in adapters):
+            raise RegistryError(f"{source}: ADAPTERS must be a tuple of harness.adapter.MethodAdapter")
+        return [validate_adapter(a, source) for a in adapters]
     missing = [a for a in ("NAME", "DEFAULTS", "build") if not hasattr(module, a)]
     if missing:
         raise RegistryError(f"{source}: missing {', '.join(missing)}; an adapter module defines "
                             "NAME (str), DEFAULTS (dict) and build(ctx, **hparams)")
-    name, defaults, build = module.NAME, module.DEFAULTS, module.build
-    if not isinstance(name, str) or not name.strip() or name != name.strip():
-        raise RegistryError(f"{source}: NAME must be a non-empty string without surrounding spaces, got {name!r}")
+    adapter = MethodAdapter(module.NAME, module.DEFAULTS, module.build,
+                            description=str(getattr(module, "DESCRIPTION", "") or (module.__doc__ or "").strip().split("\n")[0]),
+                            reference=str(getattr(module, "REFERENCE", "")), source=source,
+                            family=str(getattr(module, "FAMILY", "submission")))
+    adapter = validate_adapter(adapter, source)
+    return [MethodAdapter(adapter.name, dict(adapter.defaults), adapter.build, adapter.description,
+                          adapter.reference, adapter.source, adapter.family)]
+
+
+def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
+    """Check NAME, DEFAULTS and build's signature; every problem names the source."""
+    name, defaults, build = adapter.name, adapter.defaults, adapter.build
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise RegistryError(f"{source}: NAME must be a string of letters, digits, '.', '_', '-' "
+                            f"(starting with a letter or digit), got {name!r}")
     if not isinstance(defaults, dict) or not all(isinstance(k, str) for k in defaults):
         raise RegistryError(f"{source}: DEFAULTS must be a dict with string keys, got {type(defaults).__name__}")
+    try:  # hyperparameters are part of the run spec, which is hashed as JSON
+        json.dumps(defaults, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise RegistryError(f"{source}: DEFAULTS of {name!r} must hold plain JSON values "
+                            f"(numbers, strings, booleans, None, lists, dicts): {exc}") from None
     if not callable(build):
-        raise RegistryError(f"{source}: build must be a function build(ctx, **hparams)")
-    return [MethodAdapter(name, dict(defaults), build,
-                          description=str(getattr(module, "DESCRIPTION", "") or (module.__doc__ or "").strip().split("\n")[0]),
-                          reference=str(getattr(module, "REFERENCE", "")), source=source,
-                          family=str(getattr(module, "FAMILY", "submission")))]
+        raise RegistryError(f"{source}: build must be a function build(ctx, **hparams), got {type(build).__name__}")
+    _check_signature(build, defaults, name, source)
+    return adapter
+
+
+def _check_signature(build, defaults: dict, name: str, source: str) -> None:
+    try:
+        signature = inspect.signature(build)
+    except (TypeError, ValueError):  # builtins/C callables: nothing to check
+        return
+    try:
+        signature.bind(object(), **defaults)
+    except TypeError as exc:
+        raise RegistryError(f"{source}: build{signature} of {name!r} cannot be called as "
+                            f"build(ctx, **DEFAULTS) ({exc}); accept ctx first and every DEFAULTS key "
+                            "as a keyword") from None
 
 
 def load_module_file(path: str | Path):
@@ -97,20 +135,31 @@ def _entry_point_modules():
 
 def discover(extra_files=(), include_submissions: bool = True, include_entry_points: bool = True) -> dict[str, MethodAdapter]:
     """Build the registry; a name defined twice fails loudly with both sources."""
+    seen: set = set()  # the same file named twice (submissions/ and --method) counts once
     sources = list(_builtin_modules())
     if include_submissions:
-        sources += [(load_module_file(p), str(p)) for p in _submission_files(submissions_dir())]
+        sources += _file_modules(_submission_files(submissions_dir()), seen)
     if include_entry_points:
         sources += list(_entry_point_modules())
-    sources += [(load_module_file(p), str(p)) for p in extra_files]
+    sources += _file_modules(extra_files, seen)
     registry: dict[str, MethodAdapter] = {}
+    origin: dict[str, str] = {}
     for module, source in sources:
         for adapter in adapters_from_module(module, source):
-            if adapter.name in registry and registry[adapter.name].source != adapter.source:
+            if adapter.name in registry:
                 raise RegistryError(f"{source}: method name {adapter.name!r} is already defined by "
-                                    f"{registry[adapter.name].source}; choose another NAME")
-            registry[adapter.name] = adapter
+                                    f"{origin[adapter.name]}; choose another NAME")
+            registry[adapter.name], origin[adapter.name] = adapter, source
     return registry
+
+
+def _file_modules(paths, seen: set) -> list:
+    out = []
+    for path in map(Path, paths):
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            out.append((load_module_file(path), str(path)))
+    return out
 
 
 _CACHE: dict = {}
