@@ -14,6 +14,7 @@ from . import compat  # noqa: F401
 from .adapter import MethodContext, make_optimizer
 from .datasets import load_dataset
 from .evaluation import evaluate_tasks
+from .fastdata import install_speedups
 from .metrics import all_metrics, step_forgetting
 from .models import build_model, shared_named_parameters, trainable_block_names
 from .norms import snapshot, update_norms
@@ -146,6 +147,7 @@ def _build_strategy(spec, model, harness_plugin, device, method_files, tasks=())
         raise AdapterError(f"build() of {spec.method!r} returned {type(strategy).__name__}, "
                            "not an Avalanche strategy (a SupervisedTemplate subclass)")
     keep_optimizer_on_trainable(strategy)
+    install_speedups(strategy, adapter, tasks, spec.seed, spec.eval_batch_size)
     return strategy
 
 

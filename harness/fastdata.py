@@ -1,0 +1,135 @@
+"""Fast training data path: minibatches by tensor indexing instead of per-sample collation.
+
+Avalanche's default loader fetches every sample through several dataset layers and
+collates it back into a batch; for the small in-memory tensor datasets of this harness
+that costs as much as the training itself. `install_fast_path` gives a strategy a
+`make_train_dataloader` that yields `[x, y, t]` minibatches sliced from the task's
+tensors (moved to the device once), reshuffled every epoch by a seeded generator.
+
+Avalanche semantics are kept: the fast loader is used only when the strategy trains on
+the plain experience dataset (the template's own `train_dataset_adaptation`, not replaced
+by a plugin); otherwise (joint training's concatenation, a plugin adding data or
+transforms) Avalanche's loader is built as before. Plugins that replace
+`strategy.dataloader` themselves (Replay) run after this and still do so.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class TensorBatches:
+    """Iterable of `[x, y, t]` minibatches over in-memory tensors, shuffled per epoch.
+
+    `transform(x_all)` (optional) maps the whole input tensor once, lazily at the first
+    epoch, e.g. to the frozen prefix's features (see harness.prefix_cache).
+    """
+
+    def __init__(self, x, y, task: int, batch_size: int, generator: torch.Generator,
+                 device, shuffle: bool = True, transform=None):
+        self.x, self.y = x.to(device), y.to(device)
+        self.t = torch.full((len(y),), int(task), dtype=torch.long, device=device)
+        self.batch_size, self.generator, self.shuffle = int(batch_size), generator, shuffle
+        self.transform = transform
+        self.transformed = transform is None
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.y) / self.batch_size)
+
+    def __iter__(self):
+        if not self.transformed:  # after every before_training_exp plugin has run
+            self.x, self.transformed = self.transform(self.x), True
+        n = len(self.y)
+        order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+        order = order.to(self.x.device)
+        for start in range(0, n, self.batch_size):
+            idx = order[start:start + self.batch_size]
+            yield [self.x[idx], self.y[idx], self.t[idx]]
+
+
+def plain_task_index(strategy, tasks) -> int | None:
+    """Index of the task whose tensors *are* the strategy's training data, else None."""
+    if getattr(strategy, "_harness_adapted", None) is not strategy.adapted_dataset:
+        return None  # a plugin replaced the adapted dataset (added data or transforms)
+    t = getattr(strategy.experience, "current_experience", None)
+    if not isinstance(t, int) or not 0 <= t < len(tasks):
+        return None
+    if len(strategy.adapted_dataset) != len(tasks[t].y_train):
+        return None
+    return t
+
+
+def has_plain_adaptation(strategy) -> bool:
+    """True when the strategy trains on each experience's own dataset (template default)."""
+    from avalanche.training.templates import SupervisedTemplate
+
+    adapt = getattr(type(strategy), "train_dataset_adaptation", None)
+    # e.g. joint training overrides it to concatenate every experience seen so far
+    return (adapt is SupervisedTemplate.train_dataset_adaptation
+            and "train_dataset_adaptation" not in vars(strategy))
+
+
+def install_fast_path(strategy, tasks, seed: int, transform_for=None) -> bool:
+    """Give `strategy` the tensor-indexing train loader; False if it cannot have it.
+
+    Per task, the loader still falls back to Avalanche's when a plugin changed the data.
+    `transform_for(strategy, t)` may return a function applied once to the task's inputs
+    (frozen-prefix caching) or None.
+    """
+    if not has_plain_adaptation(strategy):
+        return False
+    generator = torch.Generator().manual_seed(int(seed) * 7_919 + 17)
+    original_adapt = strategy.train_dataset_adaptation
+    original_loader = strategy.make_train_dataloader
+
+    def train_dataset_adaptation(**kwargs):
+        original_adapt(**kwargs)
+        strategy._harness_adapted = strategy.adapted_dataset
+
+    def make_train_dataloader(shuffle=True, **kwargs):
+        t = plain_task_index(strategy, tasks)
+        if t is None:
+            return original_loader(shuffle=shuffle, **kwargs)
+        transform = transform_for(strategy, t) if transform_for else None
+        strategy.dataloader = TensorBatches(tasks[t].x_train, tasks[t].y_train, tasks[t].index,
+                                            strategy.train_mb_size, generator, strategy.device,
+                                            shuffle=shuffle, transform=transform)
+
+    # Only the plain template method is wrapped: the check above needs its result.
+    strategy.train_dataset_adaptation = train_dataset_adaptation
+    strategy.make_train_dataloader = make_train_dataloader
+    return True
+
+
+def drop_idle_evaluator(strategy) -> None:
+    """Remove a metric-less, logger-less evaluator from the plugin callbacks.
+
+    With no metrics and no loggers, Avalanche's EvaluationPlugin still runs on every
+    callback (it re-wraps the experience each time); skipping it changes nothing.
+    `strategy.evaluator` stays, so `train()` still returns its (empty) last metrics.
+    """
+    evaluator = getattr(strategy, "evaluator", None)
+    if evaluator is None or getattr(evaluator, "metrics", True) or getattr(evaluator, "loggers", True):
+        return
+    strategy.plugins = [p for p in strategy.plugins if p is not evaluator]
+
+
+# Benchmarks switch these off in-process to measure the paths side by side. The fast data
+# path changes the minibatch order (a seeded generator instead of Avalanche's sampler), so
+# it is part of what a record means: leave it on outside benchmarks.
+ENABLED = True
+PREFIX_CACHE = True
+
+
+def install_speedups(strategy, adapter, tasks, seed: int, eval_batch_size: int = 1024) -> None:
+    """Fast data path, idle-evaluator removal and (where allowed) frozen-prefix caching."""
+    from .prefix_cache import cache_allowed, install_prefix_cache
+
+    if not ENABLED:
+        return
+    drop_idle_evaluator(strategy)
+    cache = install_prefix_cache(strategy, PREFIX_CACHE and cache_allowed(strategy, adapter),
+                                 eval_batch_size)
+    strategy._harness_prefix_cache = cache
+    install_fast_path(strategy, tasks, seed, cache.transform_for)

@@ -1,0 +1,139 @@
+"""Frozen-prefix caching: run the frozen input-side blocks once per task, train the rest.
+
+Under a depth regime the blocks before the first trainable one are frozen: no gradients,
+eval mode (CLNet keeps them there), and the harness checks they do not change during a
+task. With in-memory data and no augmentation their output for a training sample is
+therefore the same at every epoch, so it is computed once per task (lazily, after every
+`before_training_exp` plugin) and each minibatch runs only the trainable suffix + heads.
+
+Only the strategy's own forward pass on its training minibatches sees the cached
+features (`strategy.mb_x` holds them). Methods whose plugins run another model on
+`strategy.mb_x` (LwF's previous model) must not use the cache; methods that run the model
+on stored raw inputs (GEM, A-GEM memories, EWC/GPM/BECAME passes over the experience's
+dataset) are unaffected, because the model itself is untouched.
+
+Who caches: a strategy or one of its plugins may declare `harness_prefix_cache = True`
+or `False`; otherwise only the built-in methods in `VERIFIED` do (each was checked to give
+the same record as the uncached path, see tests/test_performance_paths.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from .fastdata import TensorBatches
+
+# Built-in methods whose records were checked equal with and without the cache.
+VERIFIED = frozenset({"naive", "ewc-online", "si", "gem", "agem", "gpm", "became", "magmax",
+                      "avg", "task-arithmetic", "ties", "randmix"})
+# A cache larger than this (bytes) is not built: memory matters more than the speed-up.
+MAX_CACHE_BYTES = 1 << 30
+
+
+def declared_choice(strategy):
+    """`harness_prefix_cache` of the strategy or its first plugin that sets it; else None."""
+    for obj in (strategy, *getattr(strategy, "plugins", ())):
+        value = getattr(obj, "harness_prefix_cache", None)
+        if value is not None:
+            return bool(value)
+    return None
+
+
+def cache_allowed(strategy, adapter) -> bool:
+    """A declaration wins; otherwise only verified built-in methods cache."""
+    declared = declared_choice(strategy)
+    if declared is not None:
+        return declared
+    builtin = str(getattr(adapter.build, "__module__", "")).startswith("harness.methods.")
+    return builtin and adapter.name in VERIFIED
+
+
+def _stateless(block) -> bool:
+    """A block without parameters, buffers or dropout gives the same output in any mode."""
+    if any(True for _ in block.parameters()) or any(True for _ in block.buffers()):
+        return False
+    return not any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in block.modules())
+
+
+def frozen_prefix(model) -> list[str]:
+    """Leading blocks that are frozen (or stateless), input side first."""
+    prefix = []
+    for name, block in model.blocks.items():
+        frozen = (name in model.frozen_blocks and not block.training
+                  and not any(p.requires_grad for p in block.parameters()))
+        if not (frozen or _stateless(block)):
+            break
+        prefix.append(name)
+    # Trailing stateless blocks belong to the suffix unless everything is frozen.
+    while prefix and prefix[-1] not in model.frozen_blocks and len(prefix) < len(model.blocks):
+        prefix.pop()
+    return prefix if any(n in model.frozen_blocks for n in prefix) else []
+
+
+@torch.no_grad()
+def prefix_features(model, prefix: list[str], x: torch.Tensor, batch_size: int = 1024) -> torch.Tensor | None:
+    """The prefix blocks' output for every row of `x` (eval mode); None if too large."""
+    blocks = [model.blocks[n] for n in prefix]
+    chunks, limit = [], None
+    for start in range(0, len(x), batch_size):
+        h = x[start:start + batch_size]
+        for block in blocks:
+            h = block(h)
+        if limit is None:
+            limit = h[:1].nelement() * h.element_size() * len(x)
+            if limit > MAX_CACHE_BYTES:
+                return None
+        chunks.append(h)
+    return torch.cat(chunks) if chunks else x
+
+
+class PrefixCache:
+    """Per task: decides whether to cache, computes the features, runs the suffix."""
+
+    def __init__(self, strategy, enabled: bool, batch_size: int = 1024):
+        self.strategy, self.enabled, self.batch_size = strategy, enabled, batch_size
+        self.suffix: list[str] | None = None  # trainable blocks after the cached prefix
+        self.tasks_cached: list[int] = []
+
+    def transform_for(self, strategy, t: int):
+        """The per-task input transform for harness.fastdata (None: no caching this task)."""
+        self.suffix = None
+        prefix = frozen_prefix(strategy.model) if self.enabled else []
+        if not prefix:
+            return None
+        model = strategy.model
+        names = model.block_names
+        suffix = names[len(prefix):]
+
+        def transform(x):
+            feats = prefix_features(model, prefix, x, self.batch_size)
+            if feats is None:
+                return x
+            self.suffix = suffix
+            self.tasks_cached.append(t)
+            return feats
+        return transform
+
+    def active(self) -> bool:
+        """True while the strategy is training on this cache's features."""
+        s = self.strategy
+        return (self.suffix is not None and s.is_training and isinstance(s.dataloader, TensorBatches)
+                and s.dataloader.transform is not None)
+
+    def forward_suffix(self):
+        """The model's output for cached features: trainable suffix blocks, then the heads."""
+        model, h = self.strategy.model, self.strategy.mb_x
+        for name in self.suffix:
+            h = model.blocks[name](h)
+        return model.heads_forward(h, self.strategy.mb_task_id)
+
+
+def install_prefix_cache(strategy, enabled: bool, batch_size: int = 1024) -> PrefixCache:
+    """Route the strategy's forward through the suffix while it trains on cached features."""
+    cache = PrefixCache(strategy, enabled, batch_size)
+    original_forward = strategy.forward
+
+    def forward():
+        return cache.forward_suffix() if cache.active() else original_forward()
+
+    strategy.forward = forward
+    return cache
