@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -165,10 +166,20 @@ def _torchvision_arrays(ds):
 
 
 def _npz(path: str) -> TensorData:
-    p = Path(path).expanduser()
-    if not p.exists():
+    try:
+        p = Path(path).expanduser()
+        found = p.is_file()
+    except (OSError, ValueError, RuntimeError) as exc:  # name too long, NUL byte, ~nobody
+        raise DatasetError(f"dataset 'npz:{path}': not a usable path ({exc})") from None
+    if not found:
         raise DatasetError(f"dataset 'npz:{path}': file not found")
-    with np.load(p) as f:
+    try:
+        f = np.load(p)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # a folder, a pickle, junk
+        raise DatasetError(f"dataset 'npz:{path}': not a readable .npz file ({exc})") from None
+    if not hasattr(f, "files"):  # np.load of a .npy gives one array, not an archive
+        raise DatasetError(f"dataset 'npz:{path}': not an .npz archive of named arrays")
+    with f:
         missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in f]
         if missing:
             raise DatasetError(f"dataset 'npz:{path}': missing arrays {missing}; "

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 import re
 from pathlib import Path
 
@@ -21,6 +23,9 @@ RESOURCE_KEYS = ("num_cpus", "num_gpus")
 # is validated without importing torch.
 MODEL_BLOCKS = {"mlp": 4, "small-cnn": 4, "resnet18-reduced": 5}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAX_NAME = 100  # the name is a folder under --results: keep it well below NAME_MAX
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
+MAX_ORDERS = 1000
 
 
 class ProtocolError(ValueError):
@@ -113,16 +118,20 @@ class _Validator:
             if k not in value:
                 self.fail(f"{key}.{k}" if key != "(top level)" else k, "missing required key")
 
-    def integer(self, value, key, minimum=None):
+    def integer(self, value, key, minimum=None, maximum=None):
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(key, f"expected an integer, got {_show(value)}")
         if minimum is not None and value < minimum:
-            self.fail(key, f"{value} is too small; allowed: an integer >= {minimum}")
+            self.fail(key, f"{_show(value)} is too small; allowed: an integer >= {minimum}")
+        if maximum is not None and value > maximum:
+            self.fail(key, f"{_show(value)} is too large; allowed: an integer <= {maximum}")
         return value
 
     def number(self, value, key, minimum=None, below=None):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(key, f"expected a number, got {_show(value)}")
+        if not math.isfinite(value):
+            self.fail(key, f"{value} is not allowed; allowed: a finite number")
         if minimum is not None and value < minimum:
             self.fail(key, f"{value} is out of range; allowed: >= {minimum}")
         if below is not None and value >= below:
@@ -134,6 +143,15 @@ class _Validator:
             self.fail(key, f"expected a string, got {_show(value)}")
         return value
 
+    def plain(self, value, key):
+        """A JSON value (it is hashed into the run id): no dates, bytes, sets or NaN."""
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            self.fail(key, f"{_show(value)} is not allowed; allowed: numbers, strings, booleans, "
+                           "null and lists/mappings of them")
+        return value
+
     def choice(self, value, key, allowed):
         if value not in allowed:
             self.fail(key, f"{_show(value)} is not allowed; allowed: {', '.join(allowed)}")
@@ -141,8 +159,9 @@ class _Validator:
 
     def name(self, value, key):
         value = self.string(value, key)
-        if not _NAME.match(value):
-            self.fail(key, f"{value!r} is not a valid name; allowed: letters, digits, '.', '_', '-'")
+        if not _NAME.match(value) or len(value) > MAX_NAME:
+            self.fail(key, f"{_show(value)} is not a valid name; allowed: up to {MAX_NAME} letters, "
+                           "digits, '.', '_', '-'")
         return value
 
     def version(self, value):
@@ -216,6 +235,8 @@ class _Validator:
             label = self.string(entry.get("label", ""), f"{key}.label")
             hparams = entry.get("hparams", {}) or {}
             self.mapping(hparams, f"{key}.hparams", tuple(registry[name].defaults) or ("(none)",))
+            for k, v in hparams.items():
+                self.plain(v, f"{key}.hparams.{k}")
             out.append(MethodSpec(name, {**registry[name].defaults, **hparams}, label))
         displays = [m.display for m in out]
         for d in displays:
@@ -225,12 +246,12 @@ class _Validator:
 
     def task_orders(self, value, datasets):
         self.mapping(value, "task_orders", ORDER_KEYS)
-        seed = self.integer(value.get("seed", 0), "task_orders.seed")
+        seed = self.integer(value.get("seed", 0), "task_orders.seed", 0, MAX_SEED)
         if "orders" in value:
             if "count" in value:
                 self.fail("task_orders", "give either count (+ seed) or orders, not both")
             return self._explicit_orders(value["orders"], datasets), seed
-        count = self.integer(value.get("count", 1), "task_orders.count", 1)
+        count = self.integer(value.get("count", 1), "task_orders.count", 1, MAX_ORDERS)
         return tuple([None] * count), seed
 
     def _explicit_orders(self, orders, datasets):
@@ -249,7 +270,7 @@ class _Validator:
         return tuple(out)
 
     def seeds(self, value):
-        seeds = [self.integer(s, f"seeds[{i}]", 0) for i, s in enumerate(self.nonempty_list(value, "seeds"))]
+        seeds = [self.integer(s, f"seeds[{i}]", 0, MAX_SEED) for i, s in enumerate(self.nonempty_list(value, "seeds"))]
         if len(set(seeds)) != len(seeds):
             self.fail("seeds", "a seed is listed twice")
         return tuple(seeds)
