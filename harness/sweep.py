@@ -129,17 +129,18 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
     check_writable(folder)
     result = SweepResult()
     started = time.perf_counter()
-    for path, reason in plan.invalid:
-        log(f"note: {path} is invalid ({reason}); its run will be redone")
-    for path in plan.stray:
-        path.unlink(missing_ok=True)
     with ResultsLock(folder, log=log):
+        # only the lock holder may touch files: a concurrent sweep's temp files are not stray
+        for path, reason in plan.invalid:
+            log(f"note: {path} is invalid ({reason}); its run will be redone")
+        for path in plan.stray:
+            path.unlink(missing_ok=True)
         bar = _progress_bar(len(plan.todo), progress)
         try:
             # `executor`: a name, or an executor object (e.g. a configured RayExecutor)
             runner = executor if hasattr(executor, "run") else make_executor(executor, options, jobs)
             for record in runner.run(plan.todo):
-                path = write_record(runs_dir(results, protocol.name), record)
+                path = _write(runs_dir(results, protocol.name), record, len(result.written))
                 result.written.append(path)
                 result.statuses[record.status] = result.statuses.get(record.status, 0) + 1
                 for callback in on_record:
@@ -153,6 +154,16 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
             bar.close()
     result.wall_s = time.perf_counter() - started
     return result
+
+
+def _write(folder: Path, record, n_saved: int) -> Path:
+    """write_record, with a failed write (disk full, folder gone read-only) a one-line SweepError."""
+    try:
+        return write_record(folder, record)
+    except OSError as exc:
+        raise SweepError(f"{folder}: cannot write the record of run {record.run_id} "
+                         f"({exc.strerror or exc}); {n_saved} finished runs are saved, "
+                         "no partial record was left; fix it and rerun to resume") from None
 
 
 def _postfix(statuses: dict) -> str:
