@@ -6,6 +6,7 @@ command imports what it needs.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 EXIT_USAGE = 2
@@ -143,14 +144,15 @@ def _add_export(sub, fmt) -> None:
     exp.add_argument("--out", help="output file (default: <results>/records.<format>)")
 
 
-def _non_negative(kind):
+def _non_negative(kind, positive: bool = False):
     def parse(value: str):
         try:
             number = kind(value)
         except ValueError:
             number = -1
-        if number < 0:
-            raise argparse.ArgumentTypeError(f"expected a non-negative number, got {value!r}")
+        if (isinstance(number, float) and not math.isfinite(number)) or number < 0 or (positive and number == 0):
+            raise argparse.ArgumentTypeError(
+                f"expected a {'positive' if positive else 'non-negative'} number, got {value!r}")
         return number
     return parse
 
@@ -168,6 +170,9 @@ def _add_tracking_and_scaleout(run) -> None:
                      help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<results>/mlflow.db)")
     run.add_argument("--experiment", help="MLflow experiment name (default: the protocol name)")
     run.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    run.add_argument("--run-timeout", type=_non_negative(float, positive=True), metavar="SECONDS",
+                     help="stop a run after SECONDS and record it as status timeout; the sweep goes on "
+                          "(runs then execute in worker processes, also with --jobs 1)")
 
 
 def _add_run(sub, fmt) -> None:

@@ -32,7 +32,7 @@ def run_command(args) -> int:
     except ValueError as exc:
         raise _usage(str(exc))
     options = RunOptions(data_dir=args.data_dir, download=args.download, device=args.device,
-                         method_files=tuple(args.method))
+                         method_files=tuple(args.method), timeout=getattr(args, "run_timeout", None))
     _preload_data(protocol, options)
     result = _run_tracked(plan, protocol, args, options)
     print(f"\n{len(result.written)} runs finished in {result.wall_s:.1f} s "
@@ -72,6 +72,8 @@ def _executor(args, protocol, options):
     retries = getattr(args, "max_retries", 1)
     ray_flags = {"--ray-address": getattr(args, "ray_address", None),
                  "--num-cpus": getattr(args, "num_cpus", None), "--num-gpus": getattr(args, "num_gpus", None)}
+    if args.executor == "ray" and options.timeout:
+        raise _usage("--run-timeout: not supported with --executor ray; use --executor process")
     if args.executor != "ray":
         given = [flag for flag, value in ray_flags.items() if value is not None]
         if given:

@@ -22,6 +22,7 @@ class RunOptions:
     method_files: tuple = ()
     threads: int | None = None
     submission: dict | None = None  # {"file", "sha256"}: recorded in provenance by `cl-bench submit`
+    timeout: float | None = None  # --run-timeout seconds: implies worker processes (timeouts.py)
 
 
 def _run(spec, options: RunOptions):
@@ -151,6 +152,10 @@ def failed_record(spec, error: str, status: str = "failed"):
 def make_executor(name: str, options: RunOptions, jobs: int = 1, max_retries: int = 1,
                   ray_options=None):
     """The executor for `--executor` / `--jobs` (`ray_options`: a RayOptions for `ray`)."""
+    if options.timeout and name in ("inline", "process"):  # a hung run can only be killed in a worker
+        from .timeouts import TimeoutExecutor
+
+        return TimeoutExecutor(options, jobs, max_retries=max_retries)
     if name == "inline" or (name == "process" and jobs <= 1):
         return InlineExecutor(options)
     if name == "process":
