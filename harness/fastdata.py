@@ -29,7 +29,8 @@ class TensorBatches:
     def __init__(self, x, y, task: int, batch_size: int, generator: torch.Generator,
                  device, shuffle: bool = True, transform=None):
         self.x, self.y = x.to(device), y.to(device)
-        self.t = torch.full((len(y),), int(task), dtype=torch.long, device=device)
+        self.task = int(task)
+        self.t = torch.full((len(y),), self.task, dtype=torch.long, device=device)
         self.batch_size, self.generator, self.shuffle = int(batch_size), generator, shuffle
         self.transform = transform
         self.transformed = transform is None
@@ -45,7 +46,7 @@ class TensorBatches:
         order = order.to(self.x.device)
         for start in range(0, n, self.batch_size):
             idx = order[start:start + self.batch_size]
-            yield [self.x[idx], self.y[idx], self.t[idx]]
+            yield [self.x[idx], self.y[idx], self.t[:len(idx)]]
 
 
 def plain_task_index(strategy, tasks) -> int | None:

@@ -19,8 +19,10 @@ the same record as the uncached path, see tests/test_performance_paths.py).
 from __future__ import annotations
 
 import torch
+from avalanche.training.templates.problem_type.supervised_problem import SupervisedProblem
 
 from .fastdata import TensorBatches
+from .models import CLNet
 
 # Built-in methods whose records were checked equal with and without the cache.
 VERIFIED = frozenset({"naive", "ewc-online", "si", "gem", "agem", "gpm", "became", "magmax",
@@ -116,24 +118,45 @@ class PrefixCache:
     def active(self) -> bool:
         """True while the strategy is training on this cache's features."""
         s = self.strategy
-        return (self.suffix is not None and s.is_training and isinstance(s.dataloader, TensorBatches)
+        return (self.suffix is not None and _single_task_batch(s) is not None
                 and s.dataloader.transform is not None)
 
     def forward_suffix(self):
-        """The model's output for cached features: trainable suffix blocks, then the heads."""
+        """The model's output for cached features: trainable suffix blocks, then the head."""
         model, h = self.strategy.model, self.strategy.mb_x
         for name in self.suffix:
             h = model.blocks[name](h)
-        return model.heads_forward(h, self.strategy.mb_task_id)
+        return _head(model, self.strategy.dataloader.task)(h)
+
+
+def _head(model, task: int):
+    """The head CLNet.forward uses for a batch of one task (its only head in class-IL)."""
+    return model.heads[0] if len(model.heads) == 1 else model.heads[task]
+
+
+def _single_task_batch(strategy) -> int | None:
+    """The task of the current minibatch when it comes from harness.fastdata (one task)."""
+    loader = strategy.dataloader
+    if type(loader) is TensorBatches and strategy.is_training and isinstance(strategy.model, CLNet):
+        return loader.task
+    return None
 
 
 def install_prefix_cache(strategy, enabled: bool, batch_size: int = 1024) -> PrefixCache:
     """Route the strategy's forward through the suffix while it trains on cached features."""
     cache = PrefixCache(strategy, enabled, batch_size)
     original_forward = strategy.forward
+    if getattr(type(strategy), "forward", None) is not SupervisedProblem.forward:
+        cache.enabled = False  # a strategy with its own forward keeps it, uncached
+        return cache
 
     def forward():
-        return cache.forward_suffix() if cache.active() else original_forward()
+        if cache.active():
+            return cache.forward_suffix()
+        task = _single_task_batch(strategy)
+        # The same computation as avalanche_forward with a tensor of equal task labels,
+        # without the per-batch check that every label is the same.
+        return original_forward() if task is None else strategy.model(strategy.mb_x, task)
 
     strategy.forward = forward
     return cache
