@@ -167,7 +167,18 @@ _CACHE: dict = {}
 
 def get_registry(extra_files=()) -> dict[str, MethodAdapter]:
     """The registry for this process (cached per set of extra files)."""
-    key = (tuple(str(p) for p in extra_files), str(submissions_dir().resolve()))
+    # File contents are part of the key: an edited method file is re-read, not served stale.
+    files = [*_submission_files(submissions_dir()), *map(Path, extra_files)]
+    key = (tuple(str(p) for p in extra_files), str(submissions_dir().resolve()),
+           tuple(_stamp(p) for p in files))
     if key not in _CACHE:
         _CACHE[key] = discover(extra_files)
     return _CACHE[key]
+
+
+def _stamp(path: Path):
+    try:
+        st = path.stat()
+    except OSError:
+        return (str(path), None)
+    return (str(path), st.st_mtime_ns, st.st_size)
