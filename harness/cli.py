@@ -212,14 +212,22 @@ def main(argv=None) -> int:
             return 0
         return COMMANDS[args.command](args)
     except UsageError as exc:
-        print(str(exc), file=sys.stderr)
+        print(one_line(str(exc)), file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:
         message = _user_error_message(exc)
         if message is None:
             raise
-        print(f"cl-bench: error: {message}", file=sys.stderr)
+        print(f"cl-bench: error: {one_line(message)}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def one_line(text: str) -> str:
+    """The message with control characters and line separators escaped: one terminal line, no escape codes."""
+    import unicodedata
+
+    return "".join(ch.encode("unicode_escape").decode() if unicodedata.category(ch) in ("Cc", "Zl", "Zp")
+                   else ch for ch in text)
 
 
 def _user_error_message(exc: Exception) -> str | None:
@@ -231,7 +239,10 @@ def _user_error_message(exc: Exception) -> str | None:
     from .sweep import SweepError
 
     if isinstance(exc, (ProtocolError, DatasetError, RegistryError, SweepError, ExportError)):
-        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return str(exc) or type(exc).__name__  # main() escapes any line break in it
+    if isinstance(exc, OSError) and exc.filename is not None:  # a path given by the user is unusable
+        name = str(exc.filename)
+        return f"{name if len(name) <= 120 else name[:117] + '...'}: {exc.strerror or exc}"
     return None
 
 
