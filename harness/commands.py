@@ -163,6 +163,11 @@ def leaderboard_command(args) -> int:
                          "(expected <results>/<protocol>/runs/*.json)")
     if args.out and len(names) > 1:
         raise SweepError(f"--out: {len(names)} protocols found ({', '.join(names)}); add --protocol NAME")
+    from .records import runs_dir
+
+    if args.protocol and not runs_dir(args.results, args.protocol).is_dir():
+        raise SweepError(f"--protocol: no records of protocol {args.protocol!r} under {args.results} "
+                         f"(expected {runs_dir(args.results, args.protocol)}/*.json)")
     built = [build_leaderboard(args.results, n, args.out) for n in names]
     return 0 if all(built) else 1
 
