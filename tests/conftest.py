@@ -12,6 +12,41 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+def _is_loopback(address) -> bool:
+    import ipaddress
+
+    host = address[0] if isinstance(address, tuple) else address
+    try:
+        return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """Fail any test in which code opens a non-loopback network connection (list of attempts)."""
+    import errno
+    import socket
+
+    attempts = []
+
+    def guard(real, address_at):
+        def guarded(sock, *args):
+            address = args[address_at] if len(args) > address_at else None
+            if sock.family in (socket.AF_INET, socket.AF_INET6) and address is not None \
+                    and not _is_loopback(address):
+                attempts.append(address)
+                raise OSError(errno.ENETUNREACH, f"test socket guard: no network in tests ({address!r})")
+            return real(sock, *args)
+        return guarded
+
+    for name, at in (("connect", 0), ("connect_ex", 0), ("sendto", -1)):
+        monkeypatch.setattr(socket.socket, name, guard(getattr(socket.socket, name), at))
+    yield attempts
+    if attempts:
+        pytest.fail(f"network connection attempted during the test: {attempts}")
+
+
 def make_spec(**overrides):
     """A small, fast RunSpec on digits (5 tasks x 2 classes, MLP); override any field."""
     from harness.specs import DatasetSpec, RunSpec, TrainingSpec
