@@ -1,0 +1,96 @@
+"""Fixtures of the fault suite: a tiny protocol file, the CLI in-process, hostile method files.
+
+The socket guard (`no_network`) is autouse for the whole project, in tests/conftest.py.
+"""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def tiny_protocol(folder: Path, name: str = "tiny", methods=("naive",), regimes=("head", "full"),
+                  orders: int = 1, extra: str = "") -> Path:
+    """Write a fast protocol (digits, 3 tasks x 2 classes, MLP, 1 epoch) and return its path."""
+    path = Path(folder) / f"{name}.yaml"
+    method_list = ", ".join(methods)
+    path.write_text(textwrap.dedent(f"""\
+        name: {name}
+        version: "1"
+        datasets: [{{name: digits, n_tasks: 3, classes_per_task: 2, model: mlp}}]
+        regimes: [{", ".join(regimes)}]
+        methods: [{method_list}]
+        task_orders: {{count: {orders}, seed: 0}}
+        seeds: [0]
+        training: {{optimizer: sgd, lr: 0.05, momentum: 0.9, epochs: 1, batch_size: 64}}
+        """) + extra)
+    return path
+
+
+@pytest.fixture
+def run_cli(capsys, monkeypatch):
+    """`cl-bench ARGS` in-process from the repository root: (exit code, stdout, stderr)."""
+    from harness.cli import main
+
+    monkeypatch.chdir(REPO)
+
+    def invoke(*argv):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:  # --help
+            code = exc.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return invoke
+
+
+# Adapters that misbehave in each way the harness must survive (one module per file).
+BAD_METHODS = {
+    "raises": '''
+        from harness.adapter import MethodAdapter
+
+        def build(ctx):
+            raise RuntimeError("<b>boom</b> from a broken method")
+
+        ADAPTERS = (MethodAdapter("raises", {}, build, "always raises"),)
+        ''',
+    "nan": '''
+        import torch
+        from avalanche.core import SupervisedPlugin
+        from avalanche.training import Naive
+        from harness.adapter import MethodAdapter
+
+        class Poison(SupervisedPlugin):
+            def before_forward(self, strategy, **kw):
+                with torch.no_grad():
+                    next(iter(strategy.model.heads.parameters())).fill_(float("nan"))
+
+        def build(ctx):
+            return Naive(**ctx.strategy_kwargs(Poison()))
+
+        ADAPTERS = (MethodAdapter("nan", {}, build, "poisons a head with NaN"),)
+        ''',
+    "hangs": '''
+        import time
+        from harness.adapter import MethodAdapter
+
+        def build(ctx):
+            time.sleep(3600)
+
+        ADAPTERS = (MethodAdapter("hangs", {}, build, "never returns"),)
+        ''',
+}
+
+
+@pytest.fixture
+def bad_method_files(tmp_path):
+    """{name: path} of the misbehaving adapter files."""
+    files = {}
+    for name, code in BAD_METHODS.items():
+        files[name] = tmp_path / f"bad_{name}.py"
+        files[name].write_text(textwrap.dedent(code))
+    return files
