@@ -17,6 +17,7 @@ from harness.adapter import make_optimizer
 from harness.datasets import load_dataset
 from harness.engine import _build_model, seed_everything
 from harness.evaluation import evaluate_tasks
+from harness.fastdata import batch_generator
 from harness.registry import get_registry
 from harness.regimes import apply_regime
 from harness.specs import DatasetSpec, RunSpec, TrainingSpec
@@ -49,7 +50,7 @@ def plain_run(spec: RunSpec, extra=None, device: str = "cpu") -> list:
     tasks = split_tasks(data, spec.class_order, spec.dataset.n_tasks,
                         spec.dataset.classes_per_task, spec.scenario)
     model = _build_model(spec, data.input_shape).to(device)
-    gen = torch.Generator().manual_seed(spec.seed)
+    gen = batch_generator(spec.seed)  # the harness's batch order, so the runs can be compared
     loss_fn = torch.nn.CrossEntropyLoss()
     rows = [evaluate_tasks(model, tasks, spec.eval_batch_size, device)]
     for t, task in enumerate(tasks):

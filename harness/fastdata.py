@@ -19,11 +19,18 @@ import math
 import torch
 
 
+# Batches smaller than this get the frozen prefix run on them rather than cached features:
+# BLAS kernels for a handful of rows may round differently from the big batches the cache
+# was computed with, and the cached path must give the uncached path's numbers.
+SMALL_BATCH = 8
+
+
 class TensorBatches:
     """Iterable of `[x, y, t]` minibatches over in-memory tensors, shuffled per epoch.
 
-    `transform(x_all)` (optional) maps the whole input tensor once, lazily at the first
-    epoch, e.g. to the frozen prefix's features (see harness.prefix_cache).
+    `transform(x_all)` (optional) returns features of the whole input tensor (or None),
+    computed once, lazily at the first epoch: the frozen prefix's output (see
+    harness.prefix_cache). `batch_cached` says whether the last batch holds features.
     """
 
     def __init__(self, x, y, task: int, batch_size: int, generator: torch.Generator,
@@ -32,21 +39,24 @@ class TensorBatches:
         self.task = int(task)
         self.t = torch.full((len(y),), self.task, dtype=torch.long, device=device)
         self.batch_size, self.generator, self.shuffle = int(batch_size), generator, shuffle
-        self.transform = transform
-        self.transformed = transform is None
+        self.transform, self.features, self.batch_cached = transform, None, False
 
     def __len__(self) -> int:
         return math.ceil(len(self.y) / self.batch_size)
 
     def __iter__(self):
-        if not self.transformed:  # after every before_training_exp plugin has run
-            self.x, self.transformed = self.transform(self.x), True
+        if self.transform is not None and self.features is None:
+            # after every before_training_exp plugin has run
+            self.features, self.transform = self.transform(self.x), None
         n = len(self.y)
         order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
         order = order.to(self.x.device)
         for start in range(0, n, self.batch_size):
             idx = order[start:start + self.batch_size]
-            yield [self.x[idx], self.y[idx], self.t[:len(idx)]]
+            self.batch_cached = self.features is not None and len(idx) >= SMALL_BATCH
+            x = self.features if self.batch_cached else self.x
+            yield [x[idx], self.y[idx], self.t[:len(idx)]]
+        self.batch_cached = False
 
 
 def plain_task_index(strategy, tasks) -> int | None:
@@ -59,6 +69,11 @@ def plain_task_index(strategy, tasks) -> int | None:
     if len(strategy.adapted_dataset) != len(tasks[t].y_train):
         return None
     return t
+
+
+def batch_generator(seed: int) -> torch.Generator:
+    """The run's minibatch-order generator (its own: the global RNG is the methods')."""
+    return torch.Generator().manual_seed(int(seed) * 7_919 + 17)
 
 
 def has_plain_adaptation(strategy) -> bool:
@@ -80,7 +95,7 @@ def install_fast_path(strategy, tasks, seed: int, transform_for=None) -> bool:
     """
     if not has_plain_adaptation(strategy):
         return False
-    generator = torch.Generator().manual_seed(int(seed) * 7_919 + 17)
+    generator = batch_generator(seed)
     original_adapt = strategy.train_dataset_adaptation
     original_loader = strategy.make_train_dataloader
 

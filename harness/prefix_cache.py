@@ -109,7 +109,7 @@ class PrefixCache:
         def transform(x):
             feats = prefix_features(model, prefix, x, self.batch_size)
             if feats is None:
-                return x
+                return None
             self.suffix = suffix
             self.tasks_cached.append(t)
             return feats
@@ -119,7 +119,7 @@ class PrefixCache:
         """True while the strategy is training on this cache's features."""
         s = self.strategy
         return (self.suffix is not None and _single_task_batch(s) is not None
-                and s.dataloader.transform is not None)
+                and s.dataloader.batch_cached)
 
     def forward_suffix(self):
         """The model's output for cached features: trainable suffix blocks, then the head."""
