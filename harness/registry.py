@@ -135,12 +135,14 @@ def _entry_point_modules():
 
 def discover(extra_files=(), include_submissions: bool = True, include_entry_points: bool = True) -> dict[str, MethodAdapter]:
     """Build the registry; a name defined twice fails loudly with both sources."""
-    seen: set = set()  # the same file named twice (submissions/ and --method) counts once
-    sources = list(_builtin_modules())
+    # A file reached twice (submissions/ and --method, or an installed entry point's own file)
+    # counts once.
+    seen: set = set()
+    sources = _remember(list(_builtin_modules()), seen)
     if include_submissions:
         sources += _file_modules(_submission_files(submissions_dir()), seen)
     if include_entry_points:
-        sources += list(_entry_point_modules())
+        sources += _remember(list(_entry_point_modules()), seen)
     sources += _file_modules(extra_files, seen)
     registry: dict[str, MethodAdapter] = {}
     origin: dict[str, str] = {}
@@ -151,6 +153,13 @@ def discover(extra_files=(), include_submissions: bool = True, include_entry_poi
                                     f"{origin[adapter.name]}; choose another NAME")
             registry[adapter.name], origin[adapter.name] = adapter, source
     return registry
+
+
+def _remember(sources: list, seen: set) -> list:
+    for module, _ in sources:
+        if isinstance(getattr(module, "__file__", None), str):
+            seen.add(Path(module.__file__).resolve())
+    return sources
 
 
 def _file_modules(paths, seen: set) -> list:

@@ -127,6 +127,25 @@ def test_entry_point_methods_are_registered(subs, tmp_path, monkeypatch):
     assert registry["from-pip"].source == "entry point from-pip (clb_pkg_good)"
 
 
+def test_entry_point_may_name_an_adapter_object(subs, tmp_path, monkeypatch):
+    body = ("from harness.adapter import MethodAdapter\n"
+            "def build(ctx):\n    pass\n"
+            "ADAPTER = MethodAdapter('obj-method', {}, build, 'from an object')\n")
+    _fake_entry_points(monkeypatch, tmp_path, {"clb_pkg_obj": body}, {"obj-method": "clb_pkg_obj:ADAPTER"})
+    assert discover()["obj-method"].description == "from an object"
+
+
+def test_an_entry_points_own_file_given_as_a_method_file_counts_once(subs, tmp_path, monkeypatch):
+    _fake_entry_points(monkeypatch, tmp_path, {"clb_pkg_same": GOOD.format(name="same")}, {"same": "clb_pkg_same"})
+    registry = discover(extra_files=(str(tmp_path / "clb_pkg_same.py"),))
+    assert registry["same"].source == "entry point same (clb_pkg_same)"
+
+
+def test_a_builtin_module_file_checks_as_its_registered_methods(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert "naive" in discover(extra_files=("harness/methods/baselines.py",), include_entry_points=False)
+
+
 def test_entry_point_import_failure_names_the_entry_point(subs, tmp_path, monkeypatch):
     _fake_entry_points(monkeypatch, tmp_path, {"clb_pkg_broken": "raise ImportError('no torch-scatter')\n"},
                        {"broken": "clb_pkg_broken"})
