@@ -4,6 +4,8 @@ Only Linear/Conv2d layers inside the blocks the run's regime trains (never the p
 heads) get a memory and are projected. 1-D parameters (biases, BatchNorm scales/shifts) of
 the projected blocks are frozen after task 1, as in the reference, by zeroing their
 gradients after backward (`requires_grad` stays with the harness, which owns freezing).
+As in the reference, the guarantee assumes plain SGD (momentum is fine: it sums projected
+gradients); an optimizer's weight decay or Adam's per-element scaling is not projected.
 """
 from __future__ import annotations
 
@@ -85,6 +87,8 @@ class GPMMemory:
         grams = self._grams(model, layers, dataset, task, batch_size)
         eps = energy_threshold(task, self.eps_base, self.eps_step)
         for name, gram in grams.items():
+            if gram is None:  # the layer never ran on this data (not on the features path)
+                continue
             basis = update_basis_from_gram(self.bases.get(name), gram, eps).to(gram.device)
             self.bases[name] = basis.to(next(model.parameters()).device)
             self.projectors[name] = self.bases[name] @ self.bases[name].T
