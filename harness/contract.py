@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np

@@ -1,4 +1,5 @@
 """Every registered method passes the adapter contract; discovery; the examples; `cl-bench submit`."""
+import contextlib
 import json
 import types
 from importlib.metadata import EntryPoint
@@ -17,12 +18,14 @@ from harness.submit import with_method
 
 from conftest import ROOT
 
-REGISTRY = get_registry()
+with contextlib.chdir(ROOT):  # submissions/ is found relative to the working directory
+    REGISTRY = get_registry()
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Two shared cores: one torch thread per test process keeps tiny runs fast."""
+def one_thread(monkeypatch):
+    """Two shared cores: one torch thread per test process keeps tiny runs fast (run from the root)."""
+    monkeypatch.chdir(ROOT)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
