@@ -62,6 +62,8 @@ class ProcessExecutor:
     """Runs specs in `jobs` spawned worker processes, at most `jobs` in flight."""
 
     name = "process"
+    worker = staticmethod(_run)              # what a worker process runs (a test seam)
+    initializer = staticmethod(_worker_init)
 
     def __init__(self, options: RunOptions, jobs: int, max_retries: int = 1):
         self.options = options
@@ -84,7 +86,7 @@ class ProcessExecutor:
                 queue, limit = (suspects, 1) if suspects else (todo, self.jobs)
                 while queue and len(pending) < limit:
                     spec = queue.popleft()
-                    pending[pool.submit(_run, spec, self.options)] = spec
+                    pending[pool.submit(self.worker, spec, self.options)] = spec
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 if not any(_broken(f) for f in done):
                     for future in done:
@@ -106,7 +108,7 @@ class ProcessExecutor:
 
     def _pool(self, threads: int):
         return ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn"),
-                                   initializer=_worker_init, initargs=(threads,))
+                                   initializer=self.initializer, initargs=(threads,))
 
     def _triage(self, casualties: list, suspects: deque, deaths: dict):
         """Queue the runs a broken pool took down; fail the one that keeps killing its worker."""

@@ -25,10 +25,17 @@ class RayOptions:
 
 def _ray_task(spec_dict: dict, options, threads: int) -> dict:
     """Runs on a Ray worker: one spec -> the record as a plain dict."""
-    from .executors import _run, _worker_init
+    import torch
+
+    from . import compat  # noqa: F401
+    from .executors import _run
     from .specs import RunSpec
 
-    _worker_init(threads)
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # Ray reuses workers; this can be set once per process
+        pass
     return _run(RunSpec.from_dict(spec_dict), options).to_dict()
 
 
