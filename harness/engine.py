@@ -14,7 +14,7 @@ from . import compat  # noqa: F401
 from .adapter import MethodContext, make_optimizer
 from .datasets import load_dataset
 from .evaluation import evaluate_tasks
-from .fastdata import install_speedups
+from .fastdata import eval_function, install_speedups
 from .metrics import all_metrics, step_forgetting
 from .models import build_model, shared_named_parameters, trainable_block_names
 from .norms import snapshot, update_norms
@@ -95,7 +95,8 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     apply_regime(model, first_regime)
     harness_plugin = HarnessPlugin()
     strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks)
-    progress.init_acc = _timed_eval(model, tasks, spec, device, progress)
+    evaluate = eval_function()
+    progress.init_acc = _timed_eval(model, tasks, spec, device, progress, evaluate)
     for t, experience in enumerate(to_avalanche(tasks).train_stream):
         t0 = time.perf_counter()
         apply_regime(strategy.model, first_regime if t == 0 else spec.regime)
@@ -109,7 +110,7 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
                                "with **ctx.strategy_kwargs() or pass plugins=list(ctx.plugins)")
         evaluated = harness_hook(strategy, "harness_eval_model") or strategy.model
         progress.per_task_s.append(time.perf_counter() - t0)
-        progress.rows.append(_timed_eval(evaluated, tasks, spec, device, progress))
+        progress.rows.append(_timed_eval(evaluated, tasks, spec, device, progress, evaluate))
         progress.snapshots.append(snapshot(shared_named_parameters(evaluated)))
         progress.diagnostics.update(_diagnostics(strategy))
         if observer:
@@ -187,9 +188,9 @@ def _diagnostics(strategy) -> dict:
     return merged
 
 
-def _timed_eval(model, tasks, spec, device, progress) -> list:
+def _timed_eval(model, tasks, spec, device, progress, evaluate=evaluate_tasks) -> list:
     t0 = time.perf_counter()
-    accs = evaluate_tasks(model, tasks, spec.eval_batch_size, device)
+    accs = evaluate(model, tasks, spec.eval_batch_size, device)
     progress.eval_s += time.perf_counter() - t0
     return accs
 

@@ -149,3 +149,11 @@ def install_speedups(strategy, adapter, tasks, seed: int, eval_batch_size: int =
                                  eval_batch_size)
     strategy._harness_prefix_cache = cache
     install_fast_path(strategy, tasks, seed, cache.transform_for)
+
+
+def eval_function():
+    """The harness's evaluator for one run: with test-set prefix features kept when enabled."""
+    from .evaluation import evaluate_tasks
+    from .prefix_cache import EvalCache
+
+    return EvalCache().evaluate if ENABLED and PREFIX_CACHE else evaluate_tasks

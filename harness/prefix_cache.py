@@ -160,3 +160,71 @@ def install_prefix_cache(strategy, enabled: bool, batch_size: int = 1024) -> Pre
 
     strategy.forward = forward
     return cache
+
+
+class EvalCache:
+    """The harness's evaluation with the test sets' prefix features kept across evaluations.
+
+    Valid while the evaluated model's frozen prefix is bitwise the one the features were
+    computed with (checked at every evaluation); the features are computed batch by batch
+    with the evaluator's own slices, so the accuracies are those of evaluate_tasks.
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.prefix: list[str] = []
+        self.state: dict = {}
+        self.features: dict[int, list] = {}
+
+    def evaluate(self, model, tasks, batch_size: int, device) -> list:
+        """Accuracy on every task's test set (as harness.evaluation.evaluate_tasks)."""
+        from .evaluation import evaluate_tasks
+
+        prefix = self._prefix(model) if self.enabled else []
+        if not prefix:
+            return evaluate_tasks(model, tasks, batch_size, device)
+        was_training = model.training
+        model.eval()
+        try:
+            return [self._accuracy(model, prefix, t, batch_size, device) for t in tasks]
+        finally:
+            model.train(was_training)
+
+    def _prefix(self, model) -> list[str]:
+        if type(model) is not CLNet or model._forward_hooks or model._forward_pre_hooks:
+            return []  # a subclass or a hook may change what forward computes
+        prefix = frozen_prefix(model)
+        state = {f"{n}.{k}": v for n in prefix
+                 for k, v in [*model.blocks[n].named_parameters(), *model.blocks[n].named_buffers()]}
+        if prefix != self.prefix or not _same_state(state, self.state):
+            self.prefix, self.features = prefix, {}
+            self.state = {k: v.detach().clone() for k, v in state.items()}
+        return prefix
+
+    @torch.no_grad()
+    def _accuracy(self, model, prefix, task, batch_size: int, device) -> float:
+        if len(task.y_test) == 0:
+            return float("nan")
+        chunks = self.features.get(task.index)
+        if chunks is None:
+            chunks = [_run_blocks(model, prefix, task.x_test[s:s + batch_size].to(device))
+                      for s in range(0, len(task.y_test), batch_size)]
+            if sum(c.nelement() * c.element_size() for c in chunks) <= MAX_CACHE_BYTES:
+                self.features[task.index] = chunks
+        suffix = model.block_names[len(prefix):]
+        head = _head(model, task.index)
+        correct = 0
+        for i, h in enumerate(chunks):
+            yb = task.y_test[i * batch_size:(i + 1) * batch_size].to(device)
+            correct += int((head(_run_blocks(model, suffix, h)).argmax(dim=1) == yb).sum())
+        return correct / len(task.y_test)
+
+
+def _run_blocks(model, names, h):
+    for name in names:
+        h = model.blocks[name](h)
+    return h
+
+
+def _same_state(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

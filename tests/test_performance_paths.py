@@ -140,3 +140,24 @@ def test_frozen_prefix_and_its_features():
     x = torch.randn(5, 8, 8)
     expected = mlp.blocks["fc2"](mlp.blocks["fc1"](x))
     assert torch.allclose(prefix_features(mlp, ["fc1", "fc2"], x, batch_size=2), expected, atol=1e-6)
+
+
+def test_eval_cache_matches_the_evaluator_and_notices_a_changed_prefix():
+    from harness.datasets import load_dataset
+    from harness.evaluation import evaluate_tasks
+    from harness.prefix_cache import EvalCache
+    from harness.streams import split_tasks
+
+    tasks = split_tasks(load_dataset("digits"), tuple(range(10)), 5, 2)
+    torch.manual_seed(0)
+    model = build_model("mlp", (8, 8), n_heads=5, head_classes=2)
+    apply_regime(model, "last-1")
+    cache = EvalCache()
+    assert cache.evaluate(model, tasks, 100, "cpu") == evaluate_tasks(model, tasks, 100, "cpu")
+    assert set(cache.features) == {0, 1, 2, 3, 4} and cache.prefix == ["fc1", "fc2", "fc3"]
+    with torch.no_grad():
+        model.blocks["fc2"][0].weight.mul_(-1.0)  # a frozen block changed behind the cache's back
+        model.heads[0].weight.mul_(-1.0)
+    assert cache.evaluate(model, tasks, 100, "cpu") == evaluate_tasks(model, tasks, 100, "cpu")
+    model.register_forward_hook(lambda m, i, o: o * 0)
+    assert cache.evaluate(model, tasks, 100, "cpu") == evaluate_tasks(model, tasks, 100, "cpu")

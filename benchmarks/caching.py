@@ -1,0 +1,90 @@
+"""Frozen-prefix caching: speed-up of a complete run with the cache vs without it.
+
+python benchmarks/caching.py [--size 32] [--epochs 3] [--repeats 3] [--threads 1]
+
+Model: small-cnn (conv1..conv3 with BatchNorm, fc) on scikit-learn digits upsampled
+bilinearly from 8x8 to SIZE x SIZE (default 32x32, CIFAR-sized inputs), so that the frozen
+convolutional prefix costs what it would on real images; written to a temporary .npz and
+loaded as `npz:PATH`. 5 tasks x 2 classes, naive, batch 32. Both paths run interleaved in
+this process; the records are checked equal. Under `pretrain: first-task` task 1 trains
+the full network (nothing to cache), so the speed-up is bounded by it; `pretrain: none`
+caches every task.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import _common as C  # noqa: E402
+from harness import fastdata  # noqa: E402
+from harness.datasets import load_dataset  # noqa: E402
+from harness.engine import run_one  # noqa: E402
+from harness.specs import DatasetSpec  # noqa: E402
+
+
+def upsampled_digits(size: int, folder: Path) -> str:
+    """Write digits upsampled to size x size as an .npz; returns the dataset name."""
+    d = load_dataset("digits")
+
+    def up(x):
+        x = x.reshape(len(x), 1, 8, 8).float()
+        return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear",
+                                               align_corners=False).numpy()
+    path = folder / f"digits{size}.npz"
+    np.savez(path, x_train=up(d.x_train), y_train=d.y_train.numpy(), x_test=up(d.x_test),
+             y_test=d.y_test.numpy())
+    return f"npz:{path}"
+
+
+def compare(spec, repeats: int) -> tuple:
+    """(timings, records equal?) for the run with and without the cache."""
+    records = {}
+
+    def with_cache(flag):
+        def fn():
+            fastdata.PREFIX_CACHE = flag
+            try:
+                records[flag] = run_one(spec, device="cpu")
+            finally:
+                fastdata.PREFIX_CACHE = True
+        return fn
+
+    result = C.side_by_side({"cached": with_cache(True), "uncached": with_cache(False)}, repeats)
+    a, b = records[True], records[False]
+    equal = a.acc_matrix == b.acc_matrix and a.update_norms == b.update_norms and a.metrics == b.metrics
+    return result, equal
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=int, default=32, help="upsampled image side (multiple of 8)")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    C.set_threads(args.threads)
+    print(f"small-cnn on digits upsampled to {args.size}x{args.size}, naive, 5 tasks x "
+          f"{args.epochs} epochs, batch 32, {args.threads} thread(s); {C.load_avg()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        name = upsampled_digits(args.size, Path(tmp))
+        base = C.make_spec("naive", dataset="digits", model="small-cnn", epochs=args.epochs)
+        base = replace(base, dataset=DatasetSpec(name, 5, 2, "small-cnn"))
+        for pretrain in ("first-task", "none"):
+            for regime in ("head", "last-1"):
+                result, equal = compare(replace(base, regime=regime, pretrain=pretrain), args.repeats)
+                (cw, cc, _), (uw, uc, _) = result["cached"], result["uncached"]
+                print(f"{regime:<7} pretrain {pretrain:<10}  uncached {uw:6.2f} s  cached {cw:6.2f} s   "
+                      f"speed-up wall {uw / cw:5.2f}x  cpu {uc / cc:5.2f}x   records equal: {equal}")
+    print(f"done; {C.load_avg()}")
+
+
+if __name__ == "__main__":
+    main()
