@@ -21,6 +21,10 @@ STARTUP_FAILURES = 3  # workers dying before they serve anything: give up instea
 def _serve(conn, options, threads) -> None:
     """Worker loop: announce readiness, then run each spec received until None or EOF."""
     _worker_init(threads)
+    from . import engine  # noqa: F401  (imports and method files load before the clock starts)
+    from .registry import get_registry
+
+    get_registry(tuple(options.method_files))
     conn.send(("ready", None))
     while True:
         try:
