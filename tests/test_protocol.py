@@ -26,7 +26,14 @@ def with_change(path, value):
     return raw
 
 
-DELETE = object()
+class _Delete:
+    """Sentinel: remove the key (stable repr keeps test ids identical across xdist workers)."""
+
+    def __repr__(self):
+        return "DELETE"
+
+
+DELETE = _Delete()
 
 # (change, fragment of the expected message)
 BAD = [
