@@ -243,11 +243,12 @@ def _list_datasets(args):
 
 
 def _list_methods(args):
-    from .registry import get_registry
+    # metadata by content hash: importing every adapter (torch, Avalanche) takes seconds
+    from .method_index import method_infos
 
-    for name, adapter in sorted(get_registry(tuple(args.method)).items()):
-        hp = ", ".join(f"{k}={v}" for k, v in adapter.defaults.items()) or "-"
-        yield f"{name:<16} {adapter.description[:60]:<60} [{hp}]  ({adapter.source})"
+    for m in sorted(method_infos(tuple(args.method)), key=lambda m: m["name"]):
+        hp = ", ".join(f"{k}={v}" for k, v in m["defaults"].items()) or "-"
+        yield f"{m['name']:<16} {m['description'][:60]:<60} [{hp}]  ({m['source']})"
 
 
 def _list_regimes(args):

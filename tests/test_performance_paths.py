@@ -161,3 +161,91 @@ def test_eval_cache_matches_the_evaluator_and_notices_a_changed_prefix():
     assert cache.evaluate(model, tasks, 100, "cpu") == evaluate_tasks(model, tasks, 100, "cpu")
     model.register_forward_hook(lambda m, i, o: o * 0)
     assert cache.evaluate(model, tasks, 100, "cpu") == evaluate_tasks(model, tasks, 100, "cpu")
+
+
+# --- method metadata without imports (`cl-bench list` starts fast) ---
+
+SUBMISSION = "NAME = {name!r}\nDEFAULTS = {{'k': 1}}\nDESCRIPTION = 'demo'\ndef build(ctx, k):\n    pass\n"
+
+
+@pytest.fixture
+def method_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("CL_BENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CL_BENCH_SUBMISSIONS", str(tmp_path / "subs"))
+    (tmp_path / "subs").mkdir()
+    return tmp_path
+
+
+def live_metas(extra=()):
+    from harness.method_index import FIELDS
+    from harness.registry import discover
+
+    return [{f: getattr(a, f) for f in FIELDS} for a in discover(extra).values()]
+
+
+def strip(metas):
+    return [{k: v for k, v in m.items() if k != "module"} for m in metas]
+
+
+def test_method_infos_equal_the_registry_and_follow_file_edits(method_env):
+    from harness import method_index
+
+    sub = method_env / "subs" / "demo.py"
+    sub.write_text(SUBMISSION.format(name="demo-a"))
+    extra = method_env / "extra.py"
+    extra.write_text(SUBMISSION.format(name="extra-a"))
+    assert strip(method_index.method_infos((str(extra),))) == live_metas((str(extra),))
+    assert strip(method_index.method_infos((str(extra),))) == live_metas((str(extra),))  # cached now
+    sub.write_text(SUBMISSION.format(name="demo-b"))
+    names = [m["name"] for m in method_index.method_infos()]
+    assert "demo-b" in names and "demo-a" not in names
+
+
+def test_a_stale_builtin_index_falls_back_to_importing(method_env, monkeypatch):
+    from harness import method_index
+
+    stale = method_env / "index.json"
+    stale.write_text('{"fingerprint": "old", "methods": [{"name": "ghost"}]}')
+    monkeypatch.setattr(method_index, "INDEX_PATH", stale)
+    assert strip(method_index.method_infos()) == live_metas()
+
+
+def test_duplicate_names_fail_as_in_the_registry(method_env):
+    from harness import method_index
+    from harness.registry import RegistryError
+
+    (method_env / "subs" / "dup.py").write_text(SUBMISSION.format(name="naive"))
+    with pytest.raises(RegistryError) as ours:
+        method_index.method_infos()
+    with pytest.raises(RegistryError) as theirs:
+        live_metas()
+    assert str(ours.value) == str(theirs.value)
+
+
+def test_index_helpers_match_the_registry(method_env):
+    from harness import method_index, registry
+
+    (method_env / "subs" / "a.py").write_text(SUBMISSION.format(name="x"))
+    (method_env / "subs" / "_private.py").write_text("")
+    assert method_index.ENTRY_POINT_GROUP == registry.ENTRY_POINT_GROUP
+    assert method_index._submission_files() == registry._submission_files(registry.submissions_dir())
+
+
+def test_list_imports_neither_torch_nor_avalanche(method_env):
+    import json
+    import subprocess
+
+    from harness import method_index
+
+    # a user cache holding the live index, so the check holds even if _index.json is stale
+    cache = method_env / "cache"
+    cache.mkdir()
+    index = method_index.build_index()
+    (cache / "method-metadata.json").write_text(json.dumps({f"builtin:{index['fingerprint']}": index["methods"]}))
+    code = ("import sys; from harness.cli import main; assert main(['list']) == 0; "
+            "bad = [m for m in ('torch', 'avalanche') if m in sys.modules]; "
+            "assert not bad, bad")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=method_env)
+    assert out.returncode == 0, out.stderr
+    assert "naive" in out.stdout
