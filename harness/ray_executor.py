@@ -57,16 +57,35 @@ def start_ray(ray, address: str | None, num_cpus: int) -> bool:
 
     if ray.is_initialized():
         return False
-    common = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    if address:
+        _check_reachable(address)
+    common = dict(log_to_driver=False, logging_level=logging.WARNING)
     try:
-        if address:
+        if address:  # the cluster's own settings (dashboard, CPUs) are the cluster's business
             ray.init(address=address, **common)
         else:  # "local": never silently join a cluster found via RAY_ADDRESS or `ray start`
-            ray.init(address="local", num_cpus=num_cpus, **common)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **common)
+    except (OSError, RuntimeError, ValueError) as exc:
         where = f"join the Ray cluster at {address}" if address else "start a local Ray"
         raise SweepError(f"--ray-address: could not {where}: {str(exc).splitlines()[0]}") from None
     return True
+
+
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail fast on a cluster address nobody answers at (ray.init retries for many minutes)."""
+    import socket
+
+    from .sweep import SweepError
+
+    host_port = address.split("://", 1)[-1]
+    host, _, port = host_port.rpartition(":")
+    if address == "auto" or not host or not port.isdigit():
+        return  # "auto" or a form Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise SweepError(f"--ray-address: nothing answers at {address} ({exc.strerror or exc}); "
+                         "is the Ray head running (`ray start --head`)?") from None
 
 
 class RayExecutor:

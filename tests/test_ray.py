@@ -169,3 +169,11 @@ def test_ray_flags_need_the_ray_executor(capsys):
     assert main(["run", "--protocol", "smoke", "--executor", "inline", "--num-gpus", "1",
                  "--results", "/nonexistent-never-written", "--no-mlflow"]) == 2
     assert "--num-gpus: only applies to --executor ray" in capsys.readouterr().err
+
+
+def test_unreachable_ray_address_is_a_one_line_error(tmp_path, capsys):
+    pytest.importorskip("ray", reason="the [ray] extra is not installed")
+    code = main(["run", "--protocol", str(ROOT / "protocols" / "smoke.yaml"), "--executor", "ray",
+                 "--ray-address", "127.0.0.1:1", "--results", str(tmp_path), "--no-mlflow", "--no-progress"])
+    assert code == 2
+    assert "--ray-address: nothing answers at 127.0.0.1:1" in capsys.readouterr().err
