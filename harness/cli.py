@@ -188,6 +188,8 @@ def _add_run(sub, fmt) -> None:
     run.add_argument("--orders", type=_positive_int, help="only the first N task orders")
     run.add_argument("--only", type=_csv, metavar="RUN_IDS", help="only these run ids (reproduce single runs)")
     run.add_argument("--jobs", type=_positive_int, default=1, help="worker processes (default 1)")
+    run.add_argument("--threads", type=_positive_int, default=1,
+                     help="torch threads per run (default 1: parallelise across runs with --jobs)")
     run.add_argument("--executor", choices=("inline", "process", "ray"), default="process",
                      help="how runs are dispatched (default: process; --jobs 1 runs inline; "
                           "ray needs the [ray] extra)")
@@ -214,6 +216,11 @@ def main(argv=None) -> int:
     except UsageError as exc:
         print(one_line(str(exc)), file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # `cl-bench list | head`: the reader left; not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:
         message = _user_error_message(exc)
         if message is None:

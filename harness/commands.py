@@ -32,7 +32,8 @@ def run_command(args) -> int:
     except ValueError as exc:
         raise _usage(str(exc))
     options = RunOptions(data_dir=args.data_dir, download=args.download, device=args.device,
-                         method_files=tuple(args.method), timeout=getattr(args, "run_timeout", None))
+                         method_files=tuple(args.method), timeout=getattr(args, "run_timeout", None),
+                         threads=args.threads)
     _preload_data(protocol, options)
     result = _run_tracked(plan, protocol, args, options)
     print(f"\n{len(result.written)} runs finished in {result.wall_s:.1f} s "

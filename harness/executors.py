@@ -20,7 +20,9 @@ class RunOptions:
     download: bool = False
     device: str = "auto"
     method_files: tuple = ()
-    threads: int | None = None
+    # Runs are small: one thread each and parallelism across runs (--jobs) beats threads
+    # inside a run, and avoids oversubscribing cores (measured: see benchmarks/scaling.py).
+    threads: int | None = 1
     submission: dict | None = None  # {"file", "sha256"}: recorded in provenance by `cl-bench submit`
     timeout: float | None = None  # --run-timeout seconds: implies worker processes (timeouts.py)
 
@@ -40,7 +42,10 @@ def _worker_init(threads: int | None) -> None:
 
     if threads:
         torch.set_num_threads(threads)
-        torch.set_num_interop_threads(1)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:  # already set, or parallel work already ran in this process
+            pass
 
 
 class InlineExecutor:
