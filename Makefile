@@ -30,7 +30,7 @@ test: install
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
 
 bench: install
-	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in benchmarks/[!_]*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
 	rm -rf results .pytest_cache
