@@ -26,6 +26,9 @@ from .specs import RunRecord, RunSpec
 from .streams import split_tasks, to_avalanche
 
 
+compat.fix_synaptic_intelligence_on_cpu()
+
+
 class AdapterError(RuntimeError):
     """The adapter broke the harness contract (wrong return type, plugins dropped, …)."""
 

@@ -1,6 +1,8 @@
 """run_one: record contents, determinism, failures and divergence as records."""
 import math
 
+import torch
+
 import numpy as np
 import pytest
 
@@ -92,3 +94,28 @@ def test_every_builtin_baseline_runs_under_a_partial_regime(method):
     r = run_one(spec, device="cpu")
     assert r.status == "ok", r.error
     assert len(r.acc_matrix) == 3 and not math.isnan(r.metrics["acc"])
+
+
+def test_synaptic_intelligence_is_not_a_no_op_on_the_cpu():
+    """Avalanche 0.6's SI aliases its weight snapshots on the CPU (importances all 0, SI ==
+    naive); harness.compat copies them. A strong SI must now hold the weights back."""
+    base = dict(regime="full", dataset=make_spec().dataset.__class__("digits", 3, 2, "mlp"))
+    off = run_one(make_spec(method="si", hparams={"si_lambda": 0.0, "eps": 1e-7}, **base), device="cpu")
+    on = run_one(make_spec(method="si", hparams={"si_lambda": 1e4, "eps": 1e-7}, **base), device="cpu")
+    assert off.status == on.status == "ok"
+    assert on.update_norms["drift"] < 0.8 * off.update_norms["drift"]
+
+
+def test_synaptic_intelligence_importance_is_positive_after_a_task():
+    from avalanche.training.plugins.synaptic_intelligence import SynapticIntelligencePlugin as SI
+
+    import harness.engine  # noqa: F401  (installs the fix)
+    model = torch.nn.Linear(3, 2)
+    syn = {"old_theta": {}, "new_theta": {}, "grad": {}}
+    for key in syn:
+        syn[key] = {n: type("P", (), {"data": None})() for n, _ in model.named_parameters()}
+    SI.extract_weights(model, syn["old_theta"], set())
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    SI.extract_weights(model, syn["new_theta"], set())
+    assert torch.equal(syn["new_theta"]["weight"].data - syn["old_theta"]["weight"].data, torch.ones(6))

@@ -32,6 +32,8 @@ ADAPTERS = (
                   family="regularization"),
     MethodAdapter("lwf", {"alpha": 1.0, "temperature": 2.0}, build_lwf,
                   "Learning without Forgetting", "Li & Hoiem, ECCV 2016", family="regularization"),
-    MethodAdapter("si", {"si_lambda": 1.0, "eps": 1e-7}, build_si, "Synaptic Intelligence",
+    # Avalanche clips SI's per-parameter importance at 0.001 (and scales it by c = 0.0015),
+    # so its lambda lives on a ~1000x larger scale than the paper's c.
+    MethodAdapter("si", {"si_lambda": 1000.0, "eps": 1e-7}, build_si, "Synaptic Intelligence",
                   "Zenke et al., ICML 2017", family="regularization"),
 )
