@@ -123,9 +123,9 @@ def format_plan(protocol, plan, results) -> str:
 def print_summary(results, protocol_name: str) -> None:
     """Method x regime summary (mean ACC / forgetting) of every valid record of the protocol."""
     from .analysis.frame import format_summary, records_to_frame
-    from .records import load_records
+    from .records import current_records, load_records
 
-    records = load_records(results, protocol_name)
+    records = current_records(load_records(results, protocol_name))
     if records:
         print()
         print(format_summary(records_to_frame(records)))
@@ -133,14 +133,14 @@ def print_summary(results, protocol_name: str) -> None:
 
 def build_leaderboard(results, protocol_name: str, out: str | None = None) -> Path | None:
     """Build the static site for one protocol's records; prints and returns index.html's path."""
-    from .records import load_records, protocol_dir
+    from .records import current_records, load_records, protocol_dir
 
     try:
         from .site import build_site
     except ImportError:
         print("leaderboard: harness.site is not available in this build", file=sys.stderr)
         return None
-    records = load_records(results, protocol_name)
+    records = current_records(load_records(results, protocol_name))
     if not records:
         print(f"leaderboard: no records under {protocol_dir(results, protocol_name)}")
         return None

@@ -117,3 +117,41 @@ def load_records(results: str | Path, protocol_name: str | None = None) -> list[
     for folder in folders:
         records.extend(scan_runs(folder).valid.values())
     return records
+
+
+def _version_key(version: str):
+    parts = str(version).replace("-", ".").split(".")
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts]
+
+
+def current_records(records: list, version: str | None = None, log=print) -> list:
+    """The records of one protocol version (given, else the newest present).
+
+    Records of other versions are left out with a note, and cells that hold two records
+    with different hyperparameters under the same method name (a protocol edited without a
+    version bump) are reported, so nothing is mixed silently.
+    """
+    versions = sorted({r["spec"]["protocol_version"] for r in records}, key=_version_key)
+    if not versions:
+        return []
+    keep = version if version is not None else versions[-1]
+    chosen = [r for r in records if r["spec"]["protocol_version"] == keep]
+    if len(chosen) < len(records):
+        log(f"note: showing protocol version {keep}; {len(records) - len(chosen)} records of "
+            f"version(s) {', '.join(v for v in versions if v != keep)} are left out")
+    _report_conflicting_cells(chosen, log)
+    return chosen
+
+
+def _report_conflicting_cells(records: list, log) -> None:
+    cells: dict = {}
+    for r in records:
+        s = r["spec"]
+        key = (s["dataset"]["name"], s["regime"], s["label"] or s["method"], s["order"], s["seed"])
+        cells.setdefault(key, set()).add(r["run_id"])
+    clashes = [k for k, ids in cells.items() if len(ids) > 1]
+    if clashes:
+        d, reg, m, o, seed = clashes[0]
+        log(f"warning: {len(clashes)} cells hold several records with different settings under one "
+            f"method name (e.g. {m} on {d}/{reg}, order {o}, seed {seed}); the protocol was edited "
+            "without a new version — bump `version:` or give entries distinct labels")

@@ -105,3 +105,22 @@ def test_jobs_two_gives_the_same_records_as_inline(smoke_results, tmp_path):
     for run_id, rec in par.items():
         assert rec["acc_matrix"] == ref[run_id]["acc_matrix"]
         assert rec["metrics"] == ref[run_id]["metrics"]
+
+
+def test_records_of_other_versions_and_clashing_cells_are_reported():
+    from harness.records import current_records
+
+    def rec(run_id, version, lam, order=0):
+        return {"run_id": run_id, "spec": {"protocol_version": version, "dataset": {"name": "d"},
+                                           "regime": "full", "label": "", "method": "si",
+                                           "hparams": {"si_lambda": lam}, "order": order, "seed": 0}}
+
+    notes = []
+    kept = current_records([rec("a", "1", 1.0), rec("b", "2", 1.0), rec("c", "10", 1.0)], log=notes.append)
+    assert [r["run_id"] for r in kept] == ["c"]  # 10 is newer than 2 (numeric, not string order)
+    assert notes == ["note: showing protocol version 10; 2 records of version(s) 1, 2 are left out"]
+    notes.clear()
+    kept = current_records([rec("a", "1", 1.0), rec("b", "1", 1000.0), rec("c", "1", 1.0, order=1)],
+                           log=notes.append)
+    assert len(kept) == 3
+    assert len(notes) == 1 and notes[0].startswith("warning: 1 cells hold several records")
