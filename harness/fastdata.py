@@ -96,6 +96,7 @@ def install_fast_path(strategy, tasks, seed: int, transform_for=None) -> bool:
     if not has_plain_adaptation(strategy):
         return False
     generator = batch_generator(seed)
+    strategy.harness_batch_generator = generator  # a method training in stages may save/restore it
     original_adapt = strategy.train_dataset_adaptation
     original_loader = strategy.make_train_dataloader
 

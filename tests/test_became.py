@@ -176,3 +176,24 @@ def test_became_respects_regime(regime):
 def test_bad_hyperparameters_name_the_key(key, value):
     with pytest.raises(ValueError, match=f"hparams.{key}="):
         drive("became", "last-1", {key: value}, n_tasks=1)
+
+
+def test_alpha_zero_is_the_same_run_as_gpm_over_many_tasks():
+    """Stage 2 must not shift later tasks' minibatch order (found in review: from task 3 on,
+    BECAME at alpha = 0 trained GPM on other batches)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import make_spec
+    from harness.engine import run_one
+
+    common = dict(regime="last-2", dataset=make_spec().dataset.__class__("digits", 4, 2, "mlp"))
+    gpm = run_one(make_spec(method="gpm", hparams={"eps_base": 0.97, "eps_step": 0.003, "n_samples": 200},
+                            **common), device="cpu")
+    from harness.registry import get_registry
+    hp = {**get_registry()["became"].defaults, "alpha": 0.0}
+    became = run_one(make_spec(method="became", hparams=hp, **common), device="cpu")
+    assert gpm.status == became.status == "ok", (gpm.error, became.error)
+    assert became.update_norms["shared"] == gpm.update_norms["shared"]
+    assert became.acc_matrix == gpm.acc_matrix

@@ -258,3 +258,16 @@ def test_gpm_respects_regime(regime):
     memory = check_regime("gpm", regime)
     expected = {"head": set(), "last-1": {"blocks.fc.1"}}[regime]
     assert set(memory.bases) == expected
+
+
+def test_threshold_past_one_never_fills_the_memory_with_zero_energy_directions():
+    """With ε_base + ε_step·t > 1 (task 12 and later with the defaults) the memory must stop
+    at the representation's rank, not span the whole input space (found in review)."""
+    import torch
+
+    from harness.methods._gpm_math import energy_threshold, update_basis
+
+    assert energy_threshold(11, 0.97, 0.003) == 1.0
+    rep = torch.randn(64, 10, generator=torch.Generator().manual_seed(0))
+    for eps in (0.97, 1.0, 1.003, 1.027):
+        assert update_basis(None, rep, eps).shape[1] <= 10

@@ -13,8 +13,9 @@ PROJECTED_TYPES = (nn.Linear, nn.Conv2d)
 
 
 def energy_threshold(task: int, eps_base: float, eps_step: float) -> float:
-    """ε for the 0-based task index: ε_base + ε_step·task (the spec's ε_base + ε_step·(t−1))."""
-    return float(eps_base) + float(eps_step) * int(task)
+    """ε for the 0-based task index: ε_base + ε_step·task (the spec's ε_base + ε_step·(t−1)),
+    capped at 1: past 1 (task 12 with the defaults) no energy level satisfies it."""
+    return min(1.0, float(eps_base) + float(eps_step) * int(task))
 
 
 def layer_input_matrix(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -62,8 +63,11 @@ def update_basis_from_gram(basis: torch.Tensor | None, gram: torch.Tensor, eps: 
     sig2, vecs = sig2.flip(0).clamp_min(0), vecs.flip(1)
     acc = (total - float(sig2.sum())) / total
     r = 0
+    # Only directions that carry energy: zero-σ̂ eigenvectors are arbitrary and would fill
+    # the memory (freezing the layer) whenever acc cannot reach ε through rounding.
+    tol = 1e-12 * max(float(sig2.max()), 0.0) if len(sig2) else 0.0
     for s in (sig2 / total).tolist():
-        if acc >= eps or r >= d - old.shape[1]:
+        if acc >= eps or r >= d - old.shape[1] or s * total <= tol:
             break
         acc += s
         r += 1

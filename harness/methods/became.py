@@ -124,7 +124,13 @@ class BecameStrategy(SupervisedTemplate):
         self.theta_gp = self._snapshot()
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         fresh = self.ctx.new_optimizer(trainable, lr=self.cfg.stage2_lr)
+        # Stage 2 must not shift later tasks' minibatch order: with it restored, BECAME at
+        # alpha = 0 is the same run as GPM, not GPM with other batches.
+        generator = getattr(self, "harness_batch_generator", None)
+        state = generator.get_state() if generator is not None else None
         self._run_stage(2, self.cfg.stage2_epochs, fresh, experience, eval_streams, **kwargs)
+        if state is not None:
+            generator.set_state(state)
         self.theta_free = self._snapshot()
         f_free = self._fisher(experience.dataset, "free")
         delta = {n: self.theta_free[n] - self.theta_gp[n] for n in self._alpha_names()}
