@@ -13,15 +13,15 @@ import time
 import torch
 
 from harness import compat  # noqa: F401  (quirks first)
-from harness.adapter import make_optimizer
-from harness.datasets import load_dataset
-from harness.engine import _build_model, seed_everything
-from harness.evaluation import evaluate_tasks
-from harness.fastdata import batch_generator
-from harness.registry import get_registry
-from harness.regimes import apply_regime
-from harness.specs import DatasetSpec, RunSpec, TrainingSpec
-from harness.streams import split_tasks
+from harness.methods.contract import make_optimizer
+from harness.run.datasets import load_dataset
+from harness.run.engine import build_run_model, seed_everything
+from harness.run.evaluation import evaluate_tasks
+from harness.run.fastdata import batch_generator
+from harness.methods.registry import get_registry
+from harness.run.regimes import apply_regime
+from harness.config.specs import DatasetSpec, RunSpec, TrainingSpec
+from harness.run.streams import split_tasks
 
 
 def make_spec(method: str = "naive", dataset: str = "mnist1d", model: str = "mlp",
@@ -49,7 +49,7 @@ def plain_run(spec: RunSpec, extra=None, device: str = "cpu") -> list:
     data = load_dataset(spec.dataset.name)
     tasks = split_tasks(data, spec.class_order, spec.dataset.n_tasks,
                         spec.dataset.classes_per_task, spec.scenario)
-    model = _build_model(spec, data.input_shape).to(device)
+    model = build_run_model(spec, data.input_shape).to(device)
     gen = batch_generator(spec.seed)  # the harness's batch order, so the runs can be compared
     loss_fn = torch.nn.CrossEntropyLoss()
     rows = [evaluate_tasks(model, tasks, spec.eval_batch_size, device)]

@@ -26,10 +26,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import _common as C  # noqa: E402
-from harness import fastdata  # noqa: E402
-from harness.datasets import load_dataset  # noqa: E402
-from harness.engine import run_one  # noqa: E402
-from harness.specs import DatasetSpec  # noqa: E402
+from harness.run import fastdata, speedups  # noqa: E402
+from harness.run.datasets import load_dataset  # noqa: E402
+from harness.run.engine import run_one  # noqa: E402
+from harness.config.specs import DatasetSpec  # noqa: E402
 
 
 def upsampled_digits(size: int, folder: Path) -> str:
@@ -52,11 +52,11 @@ def compare(spec, repeats: int) -> tuple:
 
     def with_cache(flag):
         def fn():
-            fastdata.PREFIX_CACHE = flag
+            speedups.PREFIX_CACHE = flag
             try:
                 records[flag].append(run_one(spec, device="cpu"))
             finally:
-                fastdata.PREFIX_CACHE = True
+                speedups.PREFIX_CACHE = True
         return fn
 
     result = C.side_by_side({"cached": with_cache(True), "uncached": with_cache(False)}, repeats)

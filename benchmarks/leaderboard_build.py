@@ -8,9 +8,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.analysis.synthetic import synthetic_records
+from _synthetic import synthetic_records
 from harness.analysis.tables import analyse
-from harness.site import build_site
+from harness.outputs.site import build_site
 
 
 def main() -> None:

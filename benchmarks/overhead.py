@@ -9,7 +9,7 @@ interleaved in this process. `naive` is compared with the plain loop; `ewc-onlin
 `lwf` with the plain loop plus their extra work (EWC penalty + Fisher pass, distillation
 through the previous model); every other method with the plain loop alone (its extra work
 is counted as overhead). `--before` also times the harness on Avalanche's default data
-path (harness.fastdata.ENABLED = False), i.e. before the fast path existed.
+path (harness.run.speedups.ENABLED = False), i.e. before the fast path existed.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import _common as C  # noqa: E402
-from harness import fastdata  # noqa: E402
-from harness.engine import run_one  # noqa: E402
-from harness.registry import get_registry  # noqa: E402
+from harness.run import fastdata, speedups  # noqa: E402
+from harness.run.engine import run_one  # noqa: E402
+from harness.methods.registry import get_registry  # noqa: E402
 
 
 class EWCWork:
@@ -99,11 +99,11 @@ def compare(method: str, args) -> dict:
         assert record.status == "ok", record.error
 
     def before():
-        fastdata.ENABLED = False
+        speedups.ENABLED = False
         try:
             harness()
         finally:
-            fastdata.ENABLED = True
+            speedups.ENABLED = True
 
     fns = {"cl-bench": harness, "plain": lambda: C.plain_run(plain_spec, extra() if extra else None)}
     if args.before:

@@ -18,11 +18,11 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from harness import compat  # noqa: F401,E402  (telemetry and usage stats off)
-from harness.executors import RunOptions, make_executor  # noqa: E402
-from harness.protocol import load_protocol, select  # noqa: E402
-from harness.records import load_records  # noqa: E402
-from harness.registry import get_registry  # noqa: E402
-from harness.sweep import make_plan, run_sweep  # noqa: E402
+from harness.execution.executors import RunOptions, make_executor  # noqa: E402
+from harness.config.protocol import load_protocol, select  # noqa: E402
+from harness.execution.store import load_records  # noqa: E402
+from harness.methods.registry import get_registry  # noqa: E402
+from harness.execution.sweep import make_plan, run_sweep  # noqa: E402
 
 
 def grid(orders: int):
@@ -39,7 +39,7 @@ def timed_sweep(protocol, executor: str, jobs: int) -> tuple[float, float, dict]
     if executor == "ray":
         import ray
 
-        from harness.ray_executor import start_ray
+        from harness.execution.executors.ray import start_ray
 
         t0 = time.perf_counter()
         start_ray(ray, None, jobs)
@@ -66,7 +66,7 @@ def worker_cold_start() -> float:
     import sys
 
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import harness.compat, harness.engine"], check=True)
+    subprocess.run([sys.executable, "-c", "import harness.compat, harness.run.engine"], check=True)
     return time.perf_counter() - t0
 
 

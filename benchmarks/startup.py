@@ -26,7 +26,7 @@ COMMANDS = {
     "cl-bench --help": [*CLI, "--help"],
     "cl-bench list": [*CLI, "list"],
     "cl-bench list methods": [*CLI, "list", "methods"],
-    "old: import every adapter": [PY, "-c", "from harness.registry import get_registry; get_registry()"],
+    "old: import every adapter": [PY, "-c", "from harness.methods.registry import get_registry; get_registry()"],
 }
 
 
@@ -40,7 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    from harness import method_index
+    from harness.methods import index as method_index
 
     fresh = _index_is_fresh(method_index)
     print(f"built-in method index fresh: {fresh}; {C.load_avg()}")

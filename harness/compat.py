@@ -57,31 +57,6 @@ def _tame_avalanche_deprecations() -> None:
         simplefilter=lambda *a, **k: None, warn=warnings.warn, catch_warnings=warnings.catch_warnings)
 
 
-def fix_synaptic_intelligence_on_cpu() -> None:
-    """Avalanche 0.6's SI snapshots weights with `param.detach().cpu().flatten()`, which on
-    the CPU is a view of the live parameter, not a copy: the "old" and "new" weights are
-    the same tensor, every importance is 0 and SI silently equals naive fine-tuning. Copy."""
-    import torch
-    from avalanche.training.plugins.synaptic_intelligence import SynapticIntelligencePlugin as SI
-
-    if getattr(SI, "_cl_bench_fixed", False):
-        return
-
-    @torch.no_grad()
-    def extract_weights(model, target, excluded_parameters):
-        for name, param in SI.allowed_parameters(model, excluded_parameters):
-            target[name].data = param.detach().flatten().to("cpu", copy=True)
-
-    @torch.no_grad()
-    def extract_grad(model, target, excluded_parameters):
-        for name, param in SI.allowed_parameters(model, excluded_parameters):
-            target[name].data = param.grad.detach().flatten().to("cpu", copy=True)
-
-    SI.extract_weights = staticmethod(extract_weights)
-    SI.extract_grad = staticmethod(extract_grad)
-    SI._cl_bench_fixed = True
-
-
 silence_known_warnings()
 _ensure_avalanche_home()
 _tame_avalanche_deprecations()

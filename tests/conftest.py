@@ -49,7 +49,7 @@ def no_network(monkeypatch):
 
 def make_spec(**overrides):
     """A small, fast RunSpec on digits (5 tasks x 2 classes, MLP); override any field."""
-    from harness.specs import DatasetSpec, RunSpec, TrainingSpec
+    from harness.config.specs import DatasetSpec, RunSpec, TrainingSpec
 
     fields = dict(protocol="test", protocol_version="1", dataset=DatasetSpec("digits", 5, 2, "mlp"),
                   regime="last-1", method="naive", label="", hparams={}, order=0,
@@ -81,3 +81,24 @@ def cli(monkeypatch, tmp_path):
 def cl_bench_cmd() -> list[str]:
     """Command prefix that runs the CLI in a subprocess with this interpreter."""
     return [sys.executable, "-m", "harness.cli"]
+
+
+def record_from(partial: dict):
+    """A RunRecord from a partial JSON record: the spec is completed from `make_spec()`'s, every
+    other missing key is empty (hand-made records for analysis and site tests)."""
+    from harness.config.specs import RunRecord
+
+    spec = {**make_spec().to_dict(), **(partial.get("spec") or {})}
+    empty = dict(run_id="x", status="ok", error=None, acc_matrix=[], init_acc=[], metrics={}, update_norms={},
+                 diagnostics={}, params={}, regime_depth=None, n_blocks=None, timings={}, provenance={},
+                 schema_version=1)
+    return RunRecord.from_dict({**empty, **partial, "spec": spec})
+
+
+def fixture_records(path) -> list:
+    """The records of a committed fixture file (hand-made run ids: parsed, not verified)."""
+    import json
+
+    from harness.config.specs import RunRecord
+
+    return [RunRecord.from_dict(d) for d in json.loads(Path(path).read_text())]

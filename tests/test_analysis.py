@@ -3,7 +3,6 @@
 Expected numbers are worked out by hand in the comments, or come from an independent route
 (scipy, or a plain loop) where the hand computation would be long.
 """
-import json
 import math
 from pathlib import Path
 
@@ -15,13 +14,14 @@ from harness.analysis import correlations, ranks, stats
 from harness.analysis.coverage import Cells, coverage_table
 from harness.analysis.frame import format_summary, records_to_frame, regime_order, summary_table
 from harness.analysis.tables import analyse, headline, metric_table
+from conftest import fixture_records, record_from
 
 FIXTURE = Path(__file__).parent / "fixtures" / "analysis" / "records.json"
 
 
 @pytest.fixture(scope="module")
 def records():
-    return json.loads(FIXTURE.read_text())
+    return fixture_records(FIXTURE)
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +50,9 @@ def test_frame_one_row_per_record_failed_kept(records, frame):
 
 
 def test_frame_mean_update_norm_skips_nulls():
-    rec = {"run_id": "x", "status": "ok", "spec": {"method": "m", "label": ""},
-           "update_norms": {"shared": [None, 1.0, 3.0]}, "metrics": {"acc": 0.5},
-           "provenance": {"submission": {"file": "s.py", "sha256": "0"}}}
+    rec = record_from({"run_id": "x", "status": "ok", "spec": {"method": "m", "label": ""},
+                       "update_norms": {"shared": [None, 1.0, 3.0]}, "metrics": {"acc": 0.5},
+                       "provenance": {"submission": {"file": "s.py", "sha256": "0"}}})
     row = records_to_frame([rec]).iloc[0]
     assert row["mean_update_norm"] == 2.0 and row["method"] == "m" and row["is_submission"]
     assert math.isnan(row["forgetting"])

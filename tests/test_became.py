@@ -89,7 +89,7 @@ def _trainable(strategy):
 
 def _sweep_endpoint_matches(became, tasks, index):
     """The sweep's grid point equals the evaluated accuracy of the final model on seen tasks."""
-    from harness.evaluation import evaluate_tasks
+    from harness.run.evaluation import evaluate_tasks
 
     accs = evaluate_tasks(became.model, tasks[:2], 256, torch.device("cpu"))
     assert became.sweeps[1]["grid"][index]["acc_seen"] == pytest.approx(sum(accs) / 2)
@@ -161,7 +161,7 @@ def test_heads_enter_alpha_only_when_asked():
 
 
 def _experience_dataset(tasks, t):
-    from harness.streams import to_avalanche
+    from harness.run.streams import to_avalanche
 
     return to_avalanche(tasks).train_stream[t].dataset
 
@@ -186,12 +186,12 @@ def test_alpha_zero_is_the_same_run_as_gpm_over_many_tasks():
 
     sys.path.insert(0, str(Path(__file__).parent))
     from conftest import make_spec
-    from harness.engine import run_one
+    from harness.run.engine import run_one
 
     common = dict(regime="last-2", dataset=make_spec().dataset.__class__("digits", 4, 2, "mlp"))
     gpm = run_one(make_spec(method="gpm", hparams={"eps_base": 0.97, "eps_step": 0.003, "n_samples": 200},
                             **common), device="cpu")
-    from harness.registry import get_registry
+    from harness.methods.registry import get_registry
     hp = {**get_registry()["became"].defaults, "alpha": 0.0}
     became = run_one(make_spec(method="became", hparams=hp, **common), device="cpu")
     assert gpm.status == became.status == "ok", (gpm.error, became.error)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.site import build_site
+from harness.outputs.site import build_site
+from conftest import fixture_records
 
 FIXTURE = Path(__file__).parent / "fixtures" / "analysis" / "records.json"
 CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")
@@ -18,7 +19,7 @@ CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "goog
 def test_index_renders_in_headless_chromium(tmp_path):
     from PIL import Image
 
-    index = build_site(json.loads(FIXTURE.read_text()), tmp_path / "site")
+    index = build_site(fixture_records(FIXTURE), tmp_path / "site")
     png = tmp_path / "index.png"
     with tempfile.TemporaryDirectory() as profile:
         proc = subprocess.run(

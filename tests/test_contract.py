@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.contract import CONTRACT_REGIMES, check, contract_spec, gaussian_blobs
-from harness.engine import run_one
+from harness.execution.check import CONTRACT_REGIMES, check, contract_spec, gaussian_blobs
+from harness.run.engine import run_one
 
 from conftest import ROOT
 

@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from harness.datasets import DatasetError, load_dataset
+from harness.run.datasets import DatasetError, load_dataset
 
 N_TRAIN, N_TEST = 40, 20
 
@@ -63,7 +63,7 @@ def test_mnist_family_reads_the_real_idx_format(tmp_path, name, folder):
     data = load_dataset(name, str(tmp_path))
     assert data.x_train.shape == (N_TRAIN, 1, 28, 28) and data.x_test.shape == (N_TEST, 1, 28, 28)
     assert data.y_test.tolist() == y_test.tolist()
-    from harness.datasets import TORCHVISION
+    from harness.run.datasets import TORCHVISION
     _, mean, std = TORCHVISION[name]
     expected = (x_test[0].astype(np.float32) / 255.0 - mean[0]) / std[0]
     np.testing.assert_allclose(data.x_test[0, 0].numpy(), expected, rtol=1e-6)
@@ -102,7 +102,7 @@ def test_embedded_datasets():
 
 
 def test_mnist1d_is_generated_offline_and_reproducibly(tmp_path, monkeypatch):
-    import harness.datasets as ds
+    import harness.run.datasets as ds
 
     monkeypatch.setenv("CL_BENCH_CACHE", str(tmp_path))
     fresh = ds._mnist1d()

@@ -6,9 +6,9 @@ import torch
 import numpy as np
 import pytest
 
-from harness.engine import run_one
-from harness.metrics import all_metrics
-from harness.specs import TrainingSpec
+from harness.run.engine import run_one
+from harness.run.metrics import all_metrics
+from harness.config.specs import TrainingSpec
 
 from conftest import make_spec
 
@@ -34,7 +34,8 @@ def test_record_contents(naive_record):
     assert r.regime_depth == 2 and r.n_blocks == 4
     assert r.params["total"] > r.params["trainable"] > 0
     assert r.provenance["versions"]["torch"]
-    assert r.spec["class_order"] == list(range(10))
+    assert r.spec.class_order == tuple(range(10))
+    assert r.to_dict()["spec"]["class_order"] == list(range(10))
 
 
 def test_pretrain_none_keeps_blocks_at_init_under_head():
@@ -89,7 +90,7 @@ def test_returning_a_non_strategy_is_reported(tmp_path):
 def test_every_builtin_baseline_runs_under_a_partial_regime(method):
     spec = make_spec(method=method, regime="last-1", dataset=make_spec().dataset.__class__("digits", 3, 2, "mlp"),
                      training=TrainingSpec(lr=0.05, momentum=0.9, epochs=1, batch_size=32))
-    from harness.registry import get_registry
+    from harness.methods.registry import get_registry
     spec = spec.__class__(**{**spec.__dict__, "hparams": get_registry()[method].defaults})
     r = run_one(spec, device="cpu")
     assert r.status == "ok", r.error
@@ -109,7 +110,7 @@ def test_synaptic_intelligence_is_not_a_no_op_on_the_cpu():
 def test_synaptic_intelligence_importance_is_positive_after_a_task():
     from avalanche.training.plugins.synaptic_intelligence import SynapticIntelligencePlugin as SI
 
-    import harness.engine  # noqa: F401  (installs the fix)
+    import harness.run.engine  # noqa: F401  (installs the fix)
     model = torch.nn.Linear(3, 2)
     syn = {"old_theta": {}, "new_theta": {}, "grad": {}}
     for key in syn:

@@ -8,17 +8,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.adapter import MethodContext, make_optimizer
-from harness.datasets import load_dataset
+from harness.methods.contract import MethodContext, make_optimizer
+from harness.run.datasets import load_dataset
+from harness.run.evaluation import evaluate_tasks
 from harness.methods._gpm_math import (layer_input_matrix, project_gradient_, update_basis,
                                        update_basis_from_gram)
 from harness.methods.gpm import GPMMemory, sample_indices
-from harness.models import build_model
-from harness.plugins import HarnessPlugin
-from harness.regimes import apply_regime, trainable_blocks
-from harness.registry import get_registry
-from harness.specs import TrainingSpec
-from harness.streams import split_tasks, to_avalanche
+from harness.run.models import build_model
+from harness.run.plugins import HarnessPlugin
+from harness.run.regimes import apply_regime, trainable_blocks
+from harness.methods.registry import get_registry
+from harness.config.specs import TrainingSpec
+from harness.run.streams import split_tasks, to_avalanche
 
 CPU = torch.device("cpu")
 
@@ -55,8 +56,9 @@ def drive(method: str, regime: str, hparams=None, *, model="mlp", n_tasks=5, epo
                         criterion=nn.CrossEntropyLoss(), train_mb_size=32, eval_mb_size=256,
                         train_epochs=epochs, device=CPU, plugins=(HarnessPlugin(),), n_tasks=len(tasks),
                         regime=regime, pretrain=pretrain, scenario="task-il", seed=seed, training=training,
-                        tasks=tuple(tasks))
-    from harness.engine import keep_optimizer_on_trainable
+                        tasks=tuple(tasks), regime_blocks=tuple(trainable_blocks(net, regime)),
+                        accuracy=lambda model, task: evaluate_tasks(model, [task], 256, CPU)[0])
+    from harness.run.engine import keep_optimizer_on_trainable
 
     strategy = adapter.build(ctx, **{**adapter.defaults, **(hparams or {})})
     keep_optimizer_on_trainable(strategy)
@@ -152,7 +154,7 @@ def test_conv_gradient_projection_is_orthogonal_to_memory():
     apply_regime(net, "full")
     x, y = torch.randn(40, 1, 8, 8), torch.randint(0, 2, (40,))
     data = torch.utils.data.TensorDataset(x, y, torch.zeros(40, dtype=torch.long))
-    memory = GPMMemory("full", 0.99, 0.0, 30, seed=0)
+    memory = GPMMemory(trainable_blocks(net, "full"), 0.99, 0.0, 30, seed=0)
     memory.update(net, data)
     assert set(memory.bases) == {"blocks.conv1.0", "blocks.conv2.0", "blocks.conv3.0", "blocks.fc.1"}
     assert memory.bases["blocks.conv1.0"].shape[0] == 9 and memory.bases["blocks.conv2.0"].shape[0] == 32 * 9

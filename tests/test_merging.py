@@ -4,16 +4,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.adapter import MethodContext, make_optimizer
-from harness.engine import harness_hook, keep_optimizer_on_trainable, run_one
+from harness.methods.contract import MethodContext, make_optimizer
+from harness.methods.contract import evaluated_model
+from harness.run.engine import keep_optimizer_on_trainable, run_one
 from harness.methods import _merge_rules as rules
 from harness.methods.merging import MergingPlugin, merged_parameters
-from harness.models import build_model
-from harness.plugins import HarnessPlugin
-from harness.regimes import apply_regime
-from harness.registry import get_registry
-from harness.specs import TrainingSpec
-from harness.streams import Task, to_avalanche
+from harness.run.models import build_model
+from harness.run.plugins import HarnessPlugin
+from harness.run.regimes import apply_regime, trainable_blocks
+from harness.methods.registry import get_registry
+from harness.config.specs import TrainingSpec
+from harness.run.streams import Task, to_avalanche
 from avalanche.core import SupervisedPlugin
 
 T_ = torch.tensor
@@ -155,7 +156,8 @@ def run_steps(method, n_tasks=3, regime="last-2", pretrain="first-task", model="
         model=net, optimizer=make_optimizer(TRAINING, (p for p in net.parameters() if p.requires_grad)),
         criterion=torch.nn.CrossEntropyLoss(), train_mb_size=16, eval_mb_size=64, train_epochs=1,
         device=torch.device("cpu"), plugins=(HarnessPlugin(), probe), n_tasks=n_tasks,
-        regime=regime, pretrain=pretrain, scenario="task-il", seed=0, training=TRAINING)
+        regime=regime, pretrain=pretrain, scenario="task-il", seed=0, training=TRAINING,
+        regime_blocks=tuple(trainable_blocks(net, regime)))
     adapter = get_registry()[method]
     strategy = adapter.build(ctx, **{**adapter.defaults, **hparams})
     keep_optimizer_on_trainable(strategy)
@@ -165,13 +167,14 @@ def run_steps(method, n_tasks=3, regime="last-2", pretrain="first-task", model="
         apply_regime(strategy.model, first if t == 0 else regime)
         strategy.train(exp)
         current = _state(strategy.model)
-        evaluated = _state(harness_hook(strategy, "harness_eval_model"))
+        evaluated = _state(evaluated_model(strategy))
         steps.append({"current": current, "evaluated": evaluated, "after": _state(strategy.model)})
     return plugin, probe, steps
 
 
 def _merged_keys(regime, model="mlp", shape=(16,)):
-    return set(merged_parameters(build_model(model, shape, 1, 2), regime))
+    net = build_model(model, shape, 1, 2)
+    return set(merged_parameters(net, trainable_blocks(net, regime)))
 
 
 @pytest.mark.parametrize("pretrain", ["first-task", "none"])
@@ -252,7 +255,8 @@ def _stored_numel(method, n_tasks):
 @pytest.mark.parametrize("method", ["magmax", "avg", "randmix"])
 def test_constant_memory(method):
     # θ0 + one running merge + two sign counters = 4 copies of the merged parameters
-    per_copy = sum(p.numel() for p in merged_parameters(build_model("mlp", (16,), 1, 2), "last-2").values())
+    net = build_model("mlp", (16,), 1, 2)
+    per_copy = sum(p.numel() for p in merged_parameters(net, trainable_blocks(net, "last-2")).values())
     assert _stored_numel(method, 3) == _stored_numel(method, 5) == 4 * per_copy
 
 

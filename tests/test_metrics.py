@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from harness.metrics import all_metrics, forgetting, step_forgetting
+from harness.run.metrics import all_metrics, forgetting, step_forgetting
 
 # R[i][j]: accuracy on task j after training task i.
 R = np.array([[0.9, 0.1, 0.2],

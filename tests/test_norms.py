@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from harness.norms import update_norms
+from harness.run.norms import update_norms
 
 
 def snap(a, b):

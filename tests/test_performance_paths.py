@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import fastdata
-from harness.engine import run_one
-from harness.fastdata import TensorBatches, batch_generator
-from harness.models import build_model
-from harness.prefix_cache import frozen_prefix, prefix_features
-from harness.regimes import apply_regime
-from harness.specs import DatasetSpec, RunSpec, TrainingSpec
+from harness.run import fastdata, speedups
+from harness.run.engine import run_one
+from harness.run.fastdata import TensorBatches, batch_generator
+from harness.run.models import build_model
+from harness.run.prefix_cache import frozen_prefix, prefix_features
+from harness.run.regimes import apply_regime
+from harness.config.specs import DatasetSpec, RunSpec, TrainingSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _common  # noqa: E402  (the benchmarks' plain PyTorch loop)
@@ -36,14 +36,14 @@ def run(spec, cache=True, method_files=()):
 
     def observer(event, t, strategy):
         if event == "after_task" and t == spec.dataset.n_tasks - 1:
-            seen.extend(strategy._harness_prefix_cache.tasks_cached)
+            seen.extend(strategy.harness_cache.tasks_cached)
 
-    old = fastdata.PREFIX_CACHE
-    fastdata.PREFIX_CACHE = cache
+    old = speedups.PREFIX_CACHE
+    speedups.PREFIX_CACHE = cache
     try:
         record = run_one(spec, device="cpu", observer=observer, method_files=method_files)
     finally:
-        fastdata.PREFIX_CACHE = old
+        speedups.PREFIX_CACHE = old
     assert record.status == "ok", record.error
     return record, seen
 
@@ -143,10 +143,10 @@ def test_frozen_prefix_and_its_features():
 
 
 def test_eval_cache_matches_the_evaluator_and_notices_a_changed_prefix():
-    from harness.datasets import load_dataset
-    from harness.evaluation import evaluate_tasks
-    from harness.prefix_cache import EvalCache
-    from harness.streams import split_tasks
+    from harness.run.datasets import load_dataset
+    from harness.run.evaluation import evaluate_tasks
+    from harness.run.prefix_cache import EvalCache
+    from harness.run.streams import split_tasks
 
     tasks = split_tasks(load_dataset("digits"), tuple(range(10)), 5, 2)
     torch.manual_seed(0)
@@ -177,8 +177,8 @@ def method_env(tmp_path, monkeypatch):
 
 
 def live_metas(extra=()):
-    from harness.method_index import FIELDS
-    from harness.registry import discover
+    from harness.methods.index import FIELDS
+    from harness.methods.registry import discover
 
     return [{f: getattr(a, f) for f in FIELDS} for a in discover(extra).values()]
 
@@ -188,7 +188,7 @@ def strip(metas):
 
 
 def test_method_infos_equal_the_registry_and_follow_file_edits(method_env):
-    from harness import method_index
+    from harness.methods import index as method_index
 
     sub = method_env / "subs" / "demo.py"
     sub.write_text(SUBMISSION.format(name="demo-a"))
@@ -202,7 +202,7 @@ def test_method_infos_equal_the_registry_and_follow_file_edits(method_env):
 
 
 def test_a_stale_builtin_index_falls_back_to_importing(method_env, monkeypatch):
-    from harness import method_index
+    from harness.methods import index as method_index
 
     stale = method_env / "index.json"
     stale.write_text('{"fingerprint": "old", "methods": [{"name": "ghost"}]}')
@@ -211,8 +211,8 @@ def test_a_stale_builtin_index_falls_back_to_importing(method_env, monkeypatch):
 
 
 def test_duplicate_names_fail_as_in_the_registry(method_env):
-    from harness import method_index
-    from harness.registry import RegistryError
+    from harness.methods import index as method_index
+    from harness.methods.registry import RegistryError
 
     (method_env / "subs" / "dup.py").write_text(SUBMISSION.format(name="naive"))
     with pytest.raises(RegistryError) as ours:
@@ -222,20 +222,11 @@ def test_duplicate_names_fail_as_in_the_registry(method_env):
     assert str(ours.value) == str(theirs.value)
 
 
-def test_index_helpers_match_the_registry(method_env):
-    from harness import method_index, registry
-
-    (method_env / "subs" / "a.py").write_text(SUBMISSION.format(name="x"))
-    (method_env / "subs" / "_private.py").write_text("")
-    assert method_index.ENTRY_POINT_GROUP == registry.ENTRY_POINT_GROUP
-    assert method_index._submission_files() == registry._submission_files(registry.submissions_dir())
-
-
 def test_list_imports_neither_torch_nor_avalanche(method_env):
     import json
     import subprocess
 
-    from harness import method_index
+    from harness.methods import index as method_index
 
     # a user cache holding the live index, so the check holds even if _index.json is stale
     cache = method_env / "cache"

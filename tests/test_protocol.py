@@ -4,7 +4,10 @@ import copy
 import pytest
 import yaml
 
-from harness.protocol import MODEL_BLOCKS, ProtocolError, expand, load_protocol, parse_protocol, select
+from harness.config.protocol import ProtocolError, load_protocol, parse_protocol, select
+from harness.config.vocabulary import MODELS
+from harness.execution.plan import expand
+from harness.methods.registry import get_registry
 
 GOOD = {
     "name": "p", "version": "1", "datasets": [{"name": "digits", "n_tasks": 5, "classes_per_task": 2}],
@@ -50,7 +53,7 @@ BAD = [
     (("datasets", 0, "classes_per_task"), DELETE, None),  # valid: 10 / 5
     (("datasets", 0, "model"), "vit", "datasets[0].model: 'vit' is not allowed; allowed: mlp"),
     (("datasets", 0, "shuffle"), True, "datasets[0].shuffle: unknown key"),
-    (("regimes",), ["head", "middle"], "regimes[1]: unknown regime 'middle'; allowed: head, last-1"),
+    (("regimes",), ["head", "middle"], "regimes[1]: unknown regime 'middle'; allowed: head, last-k (k >= 1, up to the model's depth) or full"),
     (("regimes",), ["last-7"], "regimes[0]: 'last-7' is deeper than model 'mlp' of dataset 'digits' (4 blocks)"),
     (("regimes",), ["full", "full"], "regimes: a regime is listed twice"),
     (("methods",), ["naive", "ewc"], "methods[1].name: unknown method 'ewc'; allowed: agem"),
@@ -73,10 +76,10 @@ BAD = [
 def test_bad_protocols_name_file_key_and_allowed_values(path, value, expected):
     raw = with_change(path, value)
     if expected is None:
-        parse_protocol(raw, "p.yaml")
+        parse_protocol(raw, "p.yaml", get_registry())
         return
     with pytest.raises(ProtocolError) as err:
-        parse_protocol(raw, "p.yaml")
+        parse_protocol(raw, "p.yaml", get_registry())
     message = str(err.value)
     assert message.startswith("p.yaml: ")
     assert expected in message
@@ -86,23 +89,23 @@ def test_bad_protocols_name_file_key_and_allowed_values(path, value, expected):
 def test_classes_that_do_not_divide_into_tasks():
     raw = with_change(("datasets", 0), {"name": "digits", "n_tasks": 3})
     with pytest.raises(ProtocolError, match=r"10 classes of digits do not divide into 3 tasks; allowed: one of \[1, 2, 5, 10\]"):
-        parse_protocol(raw, "p.yaml")
+        parse_protocol(raw, "p.yaml", get_registry())
 
 
 def test_yaml_syntax_error_names_the_line(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("name: x\nregimes: [head,\n")
     with pytest.raises(ProtocolError, match=r"broken.yaml:\d+: not valid YAML"):
-        load_protocol(str(path))
+        load_protocol(str(path), get_registry())
 
 
 def test_unknown_protocol_name_lists_available():
     with pytest.raises(ProtocolError, match="unknown protocol 'nope'; allowed: .*depth-sweep-mini"):
-        load_protocol("nope")
+        load_protocol("nope", get_registry())
 
 
 def test_good_protocol_expands_to_the_full_grid():
-    p = parse_protocol(copy.deepcopy(GOOD), "p.yaml")
+    p = parse_protocol(copy.deepcopy(GOOD), "p.yaml", get_registry())
     specs = expand(p)
     assert len(specs) == 1 * 2 * 2 * 3 * 2
     assert len({s.run_id for s in specs}) == len(specs)
@@ -113,13 +116,13 @@ def test_good_protocol_expands_to_the_full_grid():
 
 
 def test_run_id_depends_on_protocol_version():
-    a = expand(parse_protocol(copy.deepcopy(GOOD), "p.yaml"))[0]
-    b = expand(parse_protocol(with_change(("version",), "2"), "p.yaml"))[0]
+    a = expand(parse_protocol(copy.deepcopy(GOOD), "p.yaml", get_registry()))[0]
+    b = expand(parse_protocol(with_change(("version",), "2"), "p.yaml", get_registry()))[0]
     assert a.run_id != b.run_id
 
 
 def test_select_filters_and_rejects_unknown_values():
-    p = parse_protocol(copy.deepcopy(GOOD), "p.yaml")
+    p = parse_protocol(copy.deepcopy(GOOD), "p.yaml", get_registry())
     small = select(p, methods=("lwf",), regimes=("full",), orders=2)
     assert len(expand(small)) == 1 * 1 * 1 * 2 * 2
     with pytest.raises(ProtocolError, match="--regimes: 'last-2' is not in protocol 'p'; allowed: head, full"):
@@ -130,13 +133,13 @@ def test_select_filters_and_rejects_unknown_values():
 
 @pytest.mark.parametrize("name", ["depth-sweep", "depth-sweep-mini", "smoke"])
 def test_shipped_protocols_load(name):
-    p = load_protocol(name)
+    p = load_protocol(name, get_registry())
     assert p.name == name and p.version
     assert len(expand(p)) > 0
 
 
 def test_depth_sweep_design():
-    p = load_protocol("depth-sweep")
+    p = load_protocol("depth-sweep", get_registry())
     assert [d.name for d in p.datasets] == ["mnist", "fashion-mnist", "kmnist", "qmnist", "cifar100"]
     assert p.regimes == ("head", "last-1", "last-2", "last-3", "full")
     assert len(p.task_orders) == 11
@@ -144,14 +147,14 @@ def test_depth_sweep_design():
 
 
 def test_model_block_counts_match_the_models():
-    from harness.models import build_model, trainable_block_names
+    from harness.run.models import build_model, trainable_block_names
 
     shapes = {"mlp": (1, 8, 8), "small-cnn": (1, 28, 28), "resnet18-reduced": (3, 32, 32)}
-    for name, n in MODEL_BLOCKS.items():
-        assert len(trainable_block_names(build_model(name, shapes[name], 2, 2))) == n
+    for name, facts in MODELS.items():
+        assert trainable_block_names(build_model(name, shapes[name], 2, 2)) == list(facts.blocks)
 
 
 def test_protocol_file_round_trip(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text(yaml.safe_dump(GOOD))
-    assert load_protocol(str(path)).source == str(path)
+    assert load_protocol(str(path), get_registry()).source == str(path)

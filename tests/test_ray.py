@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.records import load_records
+from harness.execution.store import load_records
 
 ROOT = Path(__file__).resolve().parent.parent
 KILLERS = '''"""Adapters that kill the process running them (executor fault-tolerance tests)."""
 import os
 from pathlib import Path
 
-from harness.adapter import MethodAdapter
+from harness.methods.contract import MethodAdapter
 
 MARKER = Path({marker!r})
 
@@ -56,7 +56,7 @@ def _killers(folder: Path) -> list[str]:
 def _sweep(results: Path, *argv) -> dict:
     code = main(["run", "--results", str(results), "--no-progress", "--no-leaderboard", "--no-mlflow", *argv])
     assert code == 0
-    return {r["spec"]["method"]: r for r in load_records(results)}
+    return {r.spec.method: r.to_dict() for r in load_records(results)}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def ray_sweep(tmp_path_factory):
     """One sweep on a local 2-CPU Ray (each fresh worker costs seconds of imports, so it is
     shared): naive and lwf, plus a run that SIGKILLs its worker on its first attempt."""
     ray = pytest.importorskip("ray", reason="the [ray] extra is not installed (pip install 'cl-bench[ray]')")
-    from harness.ray_executor import start_ray
+    from harness.execution.executors.ray import start_ray
 
     folder = tmp_path_factory.mktemp("ray")
     started = start_ray(ray, None, 2)
@@ -105,7 +105,7 @@ def test_ray_worker_death_is_retried(ray_sweep):
 def test_ray_lost_worker_becomes_a_failed_record(spec_factory, error, expected):
     """What ray.get raises once retries are spent becomes a failed record of that spec."""
     ray = pytest.importorskip("ray", reason="the [ray] extra is not installed")
-    from harness.ray_executor import _record
+    from harness.execution.executors.ray import _record
 
     exc = getattr(ray.exceptions, error)(*(["node gone"] if error == "NodeDiedError" else []))
 
@@ -127,7 +127,7 @@ def fake_run(spec, options):
     import os
     import time
 
-    from harness.executors import failed_record
+    from harness.config.specs import failed_record
 
     folder = Path(options.data_dir)
     with open(folder / f"{spec.method}.attempts", "a") as fh:
@@ -148,7 +148,7 @@ def no_init(threads):
 def test_process_pool_survives_a_dying_worker(tmp_path, spec_factory):
     """A worker that dies breaks the pool: the bystander is rerun alone, the culprit is rerun
     alone `max_retries` times and then recorded as failed; every spec yields one record."""
-    from harness.executors import ProcessExecutor, RunOptions
+    from harness.execution.executors import ProcessExecutor, RunOptions
 
     class Fake(ProcessExecutor):
         worker = staticmethod(fake_run)
@@ -156,7 +156,7 @@ def test_process_pool_survives_a_dying_worker(tmp_path, spec_factory):
 
     specs = [spec_factory(method=m) for m in ("die", "slow", "fast")]
     records = list(Fake(RunOptions(data_dir=str(tmp_path)), jobs=2, max_retries=1).run(specs))
-    by_method = {r.spec["method"]: r for r in records}
+    by_method = {r.spec.method: r for r in records}
     assert sorted(r.run_id for r in records) == sorted(s.run_id for s in specs)
     assert by_method["die"].status == "failed" and "worker process died" in by_method["die"].error
     assert by_method["slow"].status == by_method["fast"].status == "ok"

@@ -2,10 +2,11 @@
 import pytest
 import torch
 
-from harness.engine import run_one
-from harness.models import build_model
-from harness.regimes import apply_regime, changed_frozen, frozen_state, regime_k, trainable_blocks
-from harness.specs import DatasetSpec
+from harness.run.engine import run_one
+from harness.run.models import build_model
+from harness.config.vocabulary import regime_depth as regime_k
+from harness.run.regimes import apply_regime, changed_frozen, frozen_state, trainable_blocks
+from harness.config.specs import DatasetSpec
 
 from conftest import make_spec
 

@@ -1,8 +1,9 @@
 """Task orders and task splits."""
 import torch
 
-from harness.datasets import load_dataset
-from harness.streams import class_order, split_tasks
+from harness.run.datasets import load_dataset
+from harness.execution.plan import class_order
+from harness.run.streams import split_tasks
 
 
 def test_order_zero_is_natural():

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.contract import check_adapter, contract_spec
-from harness.engine import run_one
-from harness.protocol import expand, load_protocol, select
-from harness.registry import (ENTRY_POINT_GROUP, RegistryError, discover, file_sha256,
+from harness.execution.check import check_adapter, contract_spec
+from harness.run.engine import run_one
+from harness.config.protocol import load_protocol, select
+from harness.execution.plan import expand
+from harness.methods.registry import (ENTRY_POINT_GROUP, RegistryError, discover, file_sha256,
                               get_registry)
-from harness.submit import with_method
+from harness.execution.submission import with_method
 
 from conftest import ROOT
 
@@ -95,7 +96,7 @@ def test_collision_between_two_files_names_both(subs, tmp_path):
     ("NAME = 'x'\nDEFAULTS = {}\nbuild = 5\n", r"bad\.py: build must be a function.*int"),
     ("NAME = 'x'\nDEFAULTS = {'lam': 1.0}\ndef build(ctx):\n    pass\n",
      r"bad\.py: build\(ctx\) of 'x' cannot be called as build\(ctx, \*\*DEFAULTS\).*'lam'"),
-    ("ADAPTERS = ('naive',)\n", r"bad\.py: ADAPTERS must be a tuple of harness\.adapter\.MethodAdapter"),
+    ("ADAPTERS = ('naive',)\n", r"bad\.py: ADAPTERS must be a tuple of harness\.methods\.contract\.MethodAdapter"),
 ])
 def test_ill_formed_submission_fails_discovery_with_file_and_reason(subs, body, message):
     (subs / "bad.py").write_text(body)
@@ -131,7 +132,7 @@ def test_entry_point_methods_are_registered(subs, tmp_path, monkeypatch):
 
 
 def test_entry_point_may_name_an_adapter_object(subs, tmp_path, monkeypatch):
-    body = ("from harness.adapter import MethodAdapter\n"
+    body = ("from harness.methods.contract import MethodAdapter\n"
             "def build(ctx):\n    pass\n"
             "ADAPTER = MethodAdapter('obj-method', {}, build, 'from an object')\n")
     _fake_entry_points(monkeypatch, tmp_path, {"clb_pkg_obj": body}, {"obj-method": "clb_pkg_obj:ADAPTER"})
@@ -167,8 +168,8 @@ def test_entry_point_colliding_with_a_builtin_fails(subs, tmp_path, monkeypatch)
 # ---- the two examples do what they say ----------------------------------------------------------
 
 def test_l2_anchor_penalty_matches_a_hand_computation():
-    from harness.models import build_model
-    from harness.regimes import apply_regime
+    from harness.run.models import build_model
+    from harness.run.regimes import apply_regime
 
     l2 = REGISTRY["l2-anchor"]
     plugin = l2.build.__globals__["L2AnchorPlugin"](strength=3.0)
@@ -205,9 +206,9 @@ def test_l2_anchor_strength_trades_drift_and_mas_reduces_it():
 def test_mas_wrapper_hands_its_hyperparameters_to_avalanche():
     from avalanche.training.plugins import MASPlugin
 
-    from harness.adapter import MethodContext
-    from harness.models import build_model
-    from harness.plugins import HarnessPlugin
+    from harness.methods.contract import MethodContext
+    from harness.run.models import build_model
+    from harness.run.plugins import HarnessPlugin
 
     model = build_model("mlp", (1, 2, 2), 2, 2)
     ctx = MethodContext(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.records import read_record, scan_runs
+from harness.execution.store import read_record, scan_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE_RUNS = 8
@@ -31,8 +31,8 @@ def smoke_results(tmp_path_factory):
 def test_smoke_sweep_writes_one_valid_record_per_run(smoke_results, capsys):
     scan = scan_runs(smoke_results / "smoke" / "runs")
     assert len(scan.valid) == SMOKE_RUNS and not scan.invalid and not scan.stray
-    assert {r["status"] for r in scan.valid.values()} == {"ok"}
-    assert {r["spec"]["regime"] for r in scan.valid.values()} == {"head", "full"}
+    assert {r.status for r in scan.valid.values()} == {"ok"}
+    assert {r.spec.regime for r in scan.valid.values()} == {"head", "full"}
 
 
 def test_rerun_skips_finished_runs(smoke_results, capsys):
@@ -103,21 +103,22 @@ def test_jobs_two_gives_the_same_records_as_inline(smoke_results, tmp_path):
     ref = scan_runs(smoke_results / "smoke" / "runs").valid
     assert len(par) == 4
     for run_id, rec in par.items():
-        assert rec["acc_matrix"] == ref[run_id]["acc_matrix"]
-        assert rec["metrics"] == ref[run_id]["metrics"]
+        assert rec.acc_matrix == ref[run_id].acc_matrix
+        assert rec.metrics == ref[run_id].metrics
 
 
 def test_records_of_other_versions_and_clashing_cells_are_reported():
-    from harness.records import current_records
+    from conftest import record_from
+    from harness.execution.store import current_records
 
     def rec(run_id, version, lam, order=0):
-        return {"run_id": run_id, "spec": {"protocol_version": version, "dataset": {"name": "d"},
-                                           "regime": "full", "label": "", "method": "si",
-                                           "hparams": {"si_lambda": lam}, "order": order, "seed": 0}}
+        return record_from({"run_id": run_id, "spec": {
+            "protocol_version": version, "dataset": {"name": "d", "n_tasks": 5, "classes_per_task": 2, "model": "mlp"},
+            "regime": "full", "label": "", "method": "si", "hparams": {"si_lambda": lam}, "order": order, "seed": 0}})
 
     notes = []
     kept = current_records([rec("a", "1", 1.0), rec("b", "2", 1.0), rec("c", "10", 1.0)], log=notes.append)
-    assert [r["run_id"] for r in kept] == ["c"]  # 10 is newer than 2 (numeric, not string order)
+    assert [r.run_id for r in kept] == ["c"]  # 10 is newer than 2 (numeric, not string order)
     assert notes == ["note: showing protocol version 10; 2 records of version(s) 1, 2 are left out"]
     notes.clear()
     kept = current_records([rec("a", "1", 1.0), rec("b", "1", 1000.0), rec("c", "1", 1.0, order=1)],

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.records import load_records
+from harness.execution.store import load_records
 
 PROTOCOL = """\
 name: track
@@ -70,7 +70,7 @@ def _runs(results, kind="run"):
 
 
 def test_sweep_in_mlflow_equals_records(swept):
-    records = {r["run_id"]: r for r in load_records(swept, "track")}
+    records = {r.run_id: r.to_dict() for r in load_records(swept, "track")}
     children = _runs(swept)
     (parent,) = _runs(swept, "sweep")
     assert sorted(c.data.tags["run_id"] for c in children) == sorted(records)
@@ -116,15 +116,15 @@ def test_resume_adds_no_runs_and_backfills_missing(swept):
     assert _run(swept) == 0
     after = _runs(swept)
     assert len(after) == 3 and {r.data.tags["run_id"] for r in after} == \
-        {r["run_id"] for r in load_records(swept, "track")}
+        {r.run_id for r in load_records(swept, "track")}
 
 
 def test_leaderboard_from_mlflow_matches_disk(swept, tmp_path):
-    from harness.export import records_from_mlflow
+    from harness.outputs.export import records_from_mlflow
 
     uri = f"sqlite:///{swept / 'mlflow.db'}"
-    got = sorted(records_from_mlflow(uri, "track"), key=lambda r: r["run_id"])
-    assert got == sorted(load_records(swept, "track"), key=lambda r: r["run_id"])
+    got = sorted(records_from_mlflow(uri, "track"), key=lambda r: r.run_id)
+    assert got == sorted(load_records(swept, "track"), key=lambda r: r.run_id)
     assert main(["leaderboard", "--from-mlflow", uri, "--experiment", "track", "--out", str(tmp_path / "site")]) == 0
     assert (tmp_path / "site" / "index.html").is_file()
     assert main(["leaderboard", "--from-mlflow", uri, "--experiment", "nope"]) == 2
@@ -150,11 +150,12 @@ def test_broken_store_warns_once_and_the_sweep_finishes(tmp_path, capsys):
 
 
 def test_record_metrics_by_hand():
-    from harness.tracking import flatten_spec, record_metrics
+    from conftest import record_from
+    from harness.outputs.tracking import flatten_spec, record_metrics
 
-    rec = {"metrics": {"acc": 0.5, "fwt": None}, "acc_matrix": [[1.0, 0.5], [0.75, 0.25]],
-           "update_norms": {"shared": [None, 2.0], "per_block": {"fc1": [None, 1.5]}, "drift": 3.0},
-           "timings": {}, "params": {}}
+    rec = record_from({"metrics": {"acc": 0.5, "fwt": None}, "acc_matrix": [[1.0, 0.5], [0.75, 0.25]],
+                       "update_norms": {"shared": [None, 2.0], "per_block": {"fc1": [None, 1.5]}, "drift": 3.0},
+                       "timings": {}, "params": {}})
     got = sorted(record_metrics(rec))
     assert got == sorted([("acc", 0.5, 0), ("acc_after_task", 1.0, 0), ("acc_after_task", 0.5, 1),
                           ("acc_task.0", 1.0, 0), ("acc_task.1", 0.5, 0), ("acc_task.0", 0.75, 1),

@@ -91,13 +91,11 @@ def step_frame(records) -> pd.DataFrame:
     """Long frame of (u_t, f_t) pairs, t >= 2, from ok runs: one row per run and step."""
     rows = []
     for rec in records:
-        if rec.get("status") != "ok":
+        if not rec.ok:
             continue
-        spec = rec.get("spec") or {}
-        norms = rec.get("update_norms") or {}
+        norms = rec.update_norms or {}
         u, f = norms.get("shared") or [], norms.get("step_forgetting") or []
-        base = {"run_id": rec.get("run_id"), "dataset": (spec.get("dataset") or {}).get("name", ""),
-                "regime": spec.get("regime", ""), "method": spec.get("label") or spec.get("method", "")}
+        base = {"run_id": rec.run_id, "dataset": rec.dataset, "regime": rec.spec.regime, "method": rec.method}
         for t, (ut, ft) in enumerate(zip(u, f), start=1):
             if ut is not None and ft is not None:
                 rows.append({**base, "t": t, "u": float(ut), "f": float(ft)})

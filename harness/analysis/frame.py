@@ -1,16 +1,13 @@
-"""Records (on-disk JSON dicts) to a tidy pandas frame, plus the end-of-sweep summary."""
+"""Records to a tidy pandas frame, plus the end-of-sweep summary."""
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 import pandas as pd
 
-METRICS = ("acc", "la", "bwt", "forgetting", "fwt", "aia")
-# Metrics where a larger value is better; forgetting is the one exception.
-HIGHER_IS_BETTER = {"acc": True, "la": True, "bwt": True, "forgetting": False,
-                    "fwt": True, "aia": True}
+from ..config.specs import RunRecord
+from ..config.vocabulary import METRICS, regime_sort_key
 COLUMNS = ("run_id", "status", "error", "protocol", "protocol_version", "dataset",
            "regime", "regime_depth", "n_blocks", "method", "method_name", "order", "seed",
            *METRICS, "mean_update_norm", "drift", "trainable_params", "total_params",
@@ -33,34 +30,22 @@ def _mean_norm(shared) -> float:
     return float(np.mean(vals)) if vals else math.nan
 
 
-def _row(rec: dict) -> dict:
-    spec = rec.get("spec") or {}
-    ds = spec.get("dataset") or {}
-    metrics = rec.get("metrics") or {}
-    norms = rec.get("update_norms") or {}
-    params = rec.get("params") or {}
-    prov = rec.get("provenance") or {}
+def _row(rec: RunRecord) -> dict:
+    spec = rec.spec
+    metrics, norms, params = rec.metrics or {}, rec.update_norms or {}, rec.params or {}
     return {
-        "run_id": str(rec.get("run_id", "")),
-        "status": str(rec.get("status", "failed")),
-        "error": rec.get("error"),
-        "protocol": str(spec.get("protocol", "")),
-        "protocol_version": str(spec.get("protocol_version", "")),
-        "dataset": str(ds.get("name", "")),
-        "regime": str(spec.get("regime", "")),
-        "regime_depth": _num(rec.get("regime_depth")),
-        "n_blocks": _num(rec.get("n_blocks")),
-        "method": str(spec.get("label") or spec.get("method", "")),
-        "method_name": str(spec.get("method", "")),
-        "order": int(spec.get("order", 0)),
-        "seed": int(spec.get("seed", 0)),
+        "run_id": rec.run_id, "status": rec.status, "error": rec.error,
+        "protocol": spec.protocol, "protocol_version": spec.protocol_version,
+        "dataset": rec.dataset, "regime": spec.regime,
+        "regime_depth": _num(rec.regime_depth), "n_blocks": _num(rec.n_blocks),
+        "method": rec.method, "method_name": spec.method, "order": int(spec.order), "seed": int(spec.seed),
         **{m: _num(metrics.get(m)) for m in METRICS},
         "mean_update_norm": _mean_norm(norms.get("shared")),
         "drift": _num(norms.get("drift")),
         "trainable_params": _num(params.get("trainable")),
         "total_params": _num(params.get("total")),
-        "total_s": _num((rec.get("timings") or {}).get("total_s")),
-        "is_submission": bool(prov.get("submission")),
+        "total_s": _num((rec.timings or {}).get("total_s")),
+        "is_submission": bool(rec.submission),
     }
 
 
@@ -70,24 +55,12 @@ def records_to_frame(records) -> pd.DataFrame:
     return frame.astype({"order": "int64", "seed": "int64", "is_submission": "bool"})
 
 
-def regime_key(name: str) -> tuple:
-    """Sort key from the regime name alone: head < last-1 < last-2 < ... < full < others."""
-    if name == "head":
-        return (0, 0, name)
-    m = re.fullmatch(r"last-(\d+)", name)
-    if m:
-        return (1, int(m.group(1)), name)
-    if name == "full":
-        return (2, 0, name)
-    return (3, 0, name)
-
-
 def regime_order(frame: pd.DataFrame) -> list[str]:
     """Regimes ordered by depth (median recorded depth, then the name as tie-break)."""
     if frame.empty:
         return []
     depth = frame.groupby("regime")["regime_depth"].median()
-    return sorted(depth.index, key=lambda r: (_nan_last(depth[r]), regime_key(r)))
+    return sorted(depth.index, key=lambda r: (_nan_last(depth[r]), regime_sort_key(r)))
 
 
 def _nan_last(x: float) -> float:

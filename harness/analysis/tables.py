@@ -7,7 +7,8 @@ import pandas as pd
 
 from harness.analysis import correlations, ranks, stats
 from harness.analysis.coverage import Cells, coverage_table
-from harness.analysis.frame import METRICS, records_to_frame, regime_order
+from harness.analysis.frame import records_to_frame, regime_order
+from harness.config.vocabulary import METRICS
 
 VALUES = (*METRICS, "mean_update_norm", "drift")
 

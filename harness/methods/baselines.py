@@ -1,7 +1,7 @@
 """Sequential fine-tuning (the lower bound) and joint training (the upper bound)."""
 from __future__ import annotations
 
-from ..adapter import MethodAdapter
+from .contract import MethodAdapter
 
 
 def build_naive(ctx):
@@ -33,7 +33,7 @@ def build_joint(ctx):
 
 ADAPTERS = (
     MethodAdapter("naive", {}, build_naive, "Sequential fine-tuning (Avalanche Naive)",
-                  family="baselines"),
+                  family="baselines", prefix_cache=True),
     MethodAdapter("joint", {}, build_joint,
                   "Joint training on all tasks seen so far (Avalanche JointTraining); upper bound",
                   family="baselines"),

@@ -15,9 +15,8 @@ import torch
 from .. import compat  # noqa: F401
 from avalanche.training.templates import SupervisedTemplate
 
-from ..adapter import MethodAdapter
-from ..evaluation import task_accuracy
 from ._gpm_math import closed_form_alpha, diag_fisher, merge_tensors
+from .contract import BATCH_GENERATOR_ATTRIBUTE, MethodAdapter
 from .gpm import GPM_DEFAULTS, GPMMemory, check_gpm_hparams, dataset_batches, sample_indices
 
 BECAME_DEFAULTS = {"stage1_epochs": None, "stage2_epochs": None, "stage2_lr": None,
@@ -126,7 +125,7 @@ class BecameStrategy(SupervisedTemplate):
         fresh = self.ctx.new_optimizer(trainable, lr=self.cfg.stage2_lr)
         # Stage 2 must not shift later tasks' minibatch order: with it restored, BECAME at
         # alpha = 0 is the same run as GPM, not GPM with other batches.
-        generator = getattr(self, "harness_batch_generator", None)
+        generator = getattr(self, BATCH_GENERATOR_ATTRIBUTE, None)
         state = generator.get_state() if generator is not None else None
         self._run_stage(2, self.cfg.stage2_epochs, fresh, experience, eval_streams, **kwargs)
         if state is not None:
@@ -190,8 +189,7 @@ class BecameStrategy(SupervisedTemplate):
         try:
             for a in SWEEP_GRID:
                 self.merge(a)
-                accs = [task_accuracy(self.model, t.x_test, t.y_test, t.index, self.ctx.eval_mb_size,
-                                      self.device) for t in seen]
+                accs = [self.ctx.accuracy(self.model, t) for t in seen]
                 grid.append({"alpha": a, "acc_seen": sum(accs) / len(accs)})
         finally:
             self.model.train(was_training)
@@ -211,12 +209,15 @@ def build_became(ctx, **hparams):
     cfg = _config(ctx, hparams)
     if cfg.sweep and not ctx.tasks:
         raise ValueError("became: hparams.alpha_sweep=true needs the run's tasks (MethodContext.tasks)")
-    memory = GPMMemory(ctx.regime, hparams["eps_base"], hparams["eps_step"], hparams["n_samples"], ctx.seed)
+    memory = GPMMemory(ctx.regime_blocks, hparams["eps_base"], hparams["eps_step"], hparams["n_samples"], ctx.seed)
     return BecameStrategy(ctx=ctx, cfg=cfg, memory=memory)
 
 
 ADAPTERS = (
     MethodAdapter("became", dict(BECAME_DEFAULTS), build_became,
                   "BECAME: GPM stage + free stage, merged with a closed-form Bayesian coefficient",
-                  "Li et al., ICML 2025", family="gpm"),
+                  "Li et al., ICML 2025", family="gpm", prefix_cache=True, captions={
+                      "alpha": "BECAME merge coefficient α per task",
+                      "alpha_closed_form": "closed-form α per task (before any fixed-α override)",
+                      "gpm_memory_dims": "GPM memory dimension per layer after each task"}),
 )

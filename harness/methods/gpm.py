@@ -14,8 +14,7 @@ import torch
 from .. import compat  # noqa: F401
 from avalanche.core import SupervisedPlugin
 
-from ..adapter import MethodAdapter
-from ..regimes import trainable_blocks
+from .contract import MethodAdapter
 from ._gpm_math import (PROJECTED_TYPES, energy_threshold, layer_input_matrix, project_gradient_,
                         update_basis_from_gram)
 
@@ -55,8 +54,8 @@ def dataset_batches(dataset, indices, batch_size: int, device):
 class GPMMemory:
     """Per-layer orthonormal bases M_l of past tasks' input spaces, and the projection."""
 
-    def __init__(self, regime: str, eps_base: float, eps_step: float, n_samples: int, seed: int):
-        self.regime, self.seed = regime, seed
+    def __init__(self, blocks, eps_base: float, eps_step: float, n_samples: int, seed: int):
+        self.blocks, self.seed = tuple(blocks), seed
         self.eps_base, self.eps_step, self.n_samples = float(eps_base), float(eps_step), int(n_samples)
         self.bases: dict[str, torch.Tensor] = {}
         self.projectors: dict[str, torch.Tensor] = {}
@@ -69,7 +68,7 @@ class GPMMemory:
         if self._layers is not None and self._layers[0] is model:
             return self._layers[1]
         out = {}
-        for block in trainable_blocks(model, self.regime):
+        for block in self.blocks:
             for name, module in model.blocks[block].named_modules():
                 if isinstance(module, PROJECTED_TYPES):
                     out[f"blocks.{block}.{name}"] = module
@@ -162,12 +161,13 @@ def build_gpm(ctx, eps_base: float, eps_step: float, n_samples: int):
     from avalanche.training.supervised import Naive
 
     check_gpm_hparams("gpm", eps_base, eps_step, n_samples)
-    memory = GPMMemory(ctx.regime, eps_base, eps_step, n_samples, ctx.seed)
+    memory = GPMMemory(ctx.regime_blocks, eps_base, eps_step, n_samples, ctx.seed)
     return Naive(**ctx.strategy_kwargs(GPMPlugin(memory, ctx.eval_mb_size)))
 
 
 ADAPTERS = (
     MethodAdapter("gpm", dict(GPM_DEFAULTS), build_gpm,
                   "Gradient Projection Memory: gradients orthogonal to past tasks' input spaces",
-                  "Saha, Garg & Roy, ICLR 2021", family="gpm"),
+                  "Saha, Garg & Roy, ICLR 2021", family="gpm", prefix_cache=True,
+                  captions={"gpm_memory_dims": "GPM memory dimension per layer after each task"}),
 )

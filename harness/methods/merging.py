@@ -26,17 +26,16 @@ import torch
 
 from .. import compat  # noqa: F401  (quirks first)
 from avalanche.core import SupervisedPlugin
-from ..adapter import MethodAdapter
-from ..regimes import trainable_blocks
 from . import _merge_rules as rules
+from .contract import MethodAdapter
 
 FINETUNE_MODES = ("sequential", "independent")
 REFERENCE = "Marczak et al., MagMax: Leveraging Model Merging for Seamless Continual Learning, ECCV 2024"
 
 
-def merged_parameters(model, regime: str) -> dict:
-    """The shared parameters that carry task vectors: those of the regime's trainable blocks."""
-    return {f"blocks.{b}.{n}": p for b in trainable_blocks(model, regime)
+def merged_parameters(model, blocks) -> dict:
+    """The shared parameters that carry task vectors: those of the regime's trainable `blocks`."""
+    return {f"blocks.{b}.{n}": p for b in blocks
             for n, p in model.blocks[b].named_parameters()}
 
 
@@ -47,10 +46,10 @@ def _vector_norm(tau: dict) -> float:
 class MergingPlugin(SupervisedPlugin):
     """Keeps θ0 and a running merge; evaluates θ0 + λ·merge, trains on the unmerged model."""
 
-    def __init__(self, merger: rules.RunningMerger, lam: float, regime: str, pretrain: str,
+    def __init__(self, merger: rules.RunningMerger, lam: float, blocks, pretrain: str,
                  finetune: str = "sequential", rule: str = ""):
         super().__init__()
-        self.merger, self.lam, self.regime = merger, float(lam), regime
+        self.merger, self.lam, self.blocks = merger, float(lam), tuple(blocks)
         self.pretrain, self.finetune, self.rule = pretrain, finetune, rule
         self.theta0: dict | None = None
         self.signs = rules.SignCounter()
@@ -61,7 +60,7 @@ class MergingPlugin(SupervisedPlugin):
 
     def before_training_exp(self, strategy, **kwargs):
         self.model = strategy.model
-        params = merged_parameters(strategy.model, self.regime)
+        params = merged_parameters(strategy.model, self.blocks)
         if self.theta0 is None and self.pretrain == "none":
             self.theta0 = {k: p.detach().clone() for k, p in params.items()}
         elif self.theta0 is not None and self.finetune == "independent":
@@ -71,7 +70,7 @@ class MergingPlugin(SupervisedPlugin):
 
     def after_training_exp(self, strategy, **kwargs):
         self.model = strategy.model
-        params = merged_parameters(strategy.model, self.regime)
+        params = merged_parameters(strategy.model, self.blocks)
         if self.theta0 is None:  # pretrain = first-task: task 1 *is* θ0
             self.theta0 = {k: p.detach().clone() for k, p in params.items()}
         else:
@@ -95,7 +94,7 @@ class MergingPlugin(SupervisedPlugin):
             return self.model
         evaluated = copy.deepcopy(self.model)
         with torch.no_grad():
-            for k, p in merged_parameters(evaluated, self.regime).items():
+            for k, p in merged_parameters(evaluated, self.blocks).items():
                 p.copy_(self.theta0[k] + vector[k])
         return evaluated
 
@@ -122,7 +121,7 @@ def _check_finetune(method: str, finetune: str) -> str:
 def _strategy(ctx, method: str, merger, lam: float, finetune: str):
     from avalanche.training.supervised import Naive
 
-    plugin = MergingPlugin(merger, lam, ctx.regime, ctx.pretrain,
+    plugin = MergingPlugin(merger, lam, ctx.regime_blocks, ctx.pretrain,
                            _check_finetune(method, finetune), rule=method)
     return Naive(**ctx.strategy_kwargs(plugin))
 
@@ -154,19 +153,19 @@ def build_randmix(ctx, lam: float, seed: int, finetune: str):
 
 
 _SEQ = {"finetune": "sequential"}
+_MERGE = dict(family="merging", prefix_cache=True, captions={
+    "sign_conflicts": "fraction of sign conflicts among the task vectors, per task",
+    "task_vector_norms": "task-vector norms ‖τ_i‖ after each task"})
 ADAPTERS = (
     MethodAdapter("magmax", {"lam": 0.5, **_SEQ}, build_magmax,
                   "MagMax: sequential fine-tuning + max-magnitude merging of task vectors",
-                  REFERENCE, family="merging"),
+                  REFERENCE, **_MERGE),
     MethodAdapter("avg", dict(_SEQ), build_avg, "Weight averaging of task vectors",
-                  "Wortsman et al., ICML 2022 (model soups); baseline in " + REFERENCE,
-                  family="merging"),
+                  "Wortsman et al., ICML 2022 (model soups); baseline in " + REFERENCE, **_MERGE),
     MethodAdapter("task-arithmetic", {"lam": 0.3, **_SEQ}, build_task_arithmetic,
-                  "Task arithmetic: θ0 + λ Σ τ_i", "Ilharco et al., ICLR 2023", family="merging"),
+                  "Task arithmetic: θ0 + λ Σ τ_i", "Ilharco et al., ICLR 2023", **_MERGE),
     MethodAdapter("ties", {"top_k": 20.0, "lam": 0.55, **_SEQ}, build_ties,
-                  "TIES-merging: trim, elect sign, disjoint mean", "Yadav et al., NeurIPS 2023",
-                  family="merging"),
+                  "TIES-merging: trim, elect sign, disjoint mean", "Yadav et al., NeurIPS 2023", **_MERGE),
     MethodAdapter("randmix", {"lam": 1.0, "seed": 0, **_SEQ}, build_randmix,
-                  "Random per-element mixing of task vectors", "baseline in " + REFERENCE,
-                  family="merging"),
+                  "Random per-element mixing of task vectors", "baseline in " + REFERENCE, **_MERGE),
 )

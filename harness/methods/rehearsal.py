@@ -1,7 +1,7 @@
 """Memory-based methods: GEM, A-GEM and experience replay."""
 from __future__ import annotations
 
-from ..adapter import MethodAdapter
+from .contract import MethodAdapter
 
 
 def build_gem(ctx, patterns_per_exp: int, memory_strength: float):
@@ -29,9 +29,10 @@ def build_replay(ctx, mem_size: int):
 
 ADAPTERS = (
     MethodAdapter("gem", {"patterns_per_exp": 64, "memory_strength": 0.5}, build_gem,
-                  "Gradient Episodic Memory", "Lopez-Paz & Ranzato, NeurIPS 2017", family="rehearsal"),
+                  "Gradient Episodic Memory", "Lopez-Paz & Ranzato, NeurIPS 2017", family="rehearsal",
+                  prefix_cache=True),
     MethodAdapter("agem", {"patterns_per_exp": 64, "sample_size": 64}, build_agem,
-                  "Averaged GEM", "Chaudhry et al., ICLR 2019", family="rehearsal"),
+                  "Averaged GEM", "Chaudhry et al., ICLR 2019", family="rehearsal", prefix_cache=True),
     MethodAdapter("replay", {"mem_size": 200}, build_replay, "Experience replay",
                   "Chaudhry et al. 2019 (ER)", family="rehearsal"),
 )

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from harness.analysis.tables import analyse
-from harness.records import TMP_MARK, load_records, read_record, scan_runs
+from harness.execution.store import TMP_MARK, load_records, read_record, scan_runs
 
 from .conftest import REPO, tiny_protocol
 
@@ -147,11 +147,11 @@ def _comparable(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _assert_same_tables(killed: list, reference: list) -> None:
-    assert sorted(r["run_id"] for r in killed) == sorted(r["run_id"] for r in reference)
-    ref_by_id = {r["run_id"]: r for r in reference}
+    assert sorted(r.run_id for r in killed) == sorted(r.run_id for r in reference)
+    ref_by_id = {r.run_id: r for r in reference}
     for rec in killed:
-        assert rec["acc_matrix"] == ref_by_id[rec["run_id"]]["acc_matrix"]
-        assert rec["metrics"] == ref_by_id[rec["run_id"]]["metrics"]
+        assert rec.acc_matrix == ref_by_id[rec.run_id].acc_matrix
+        assert rec.metrics == ref_by_id[rec.run_id].metrics
     a, b = analyse(killed), analyse(reference)
     assert a.keys() == b.keys()
     for name in a:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import load_records
-from harness.site import build_site
+from harness.config.specs import RunRecord
+from harness.execution.store import load_records
+from harness.outputs.site import build_site
 
 from .conftest import tiny_protocol
 
@@ -26,7 +27,7 @@ def test_raising_nan_and_hanging_methods_become_records_and_the_board_shows_them
                              "--run-timeout", "8", *method_flags)
     assert code == 0, err
     assert "4 runs finished" in out and "1 diverged, 1 failed, 1 ok, 1 timeout" in out, out
-    by_method = {r["spec"]["method"]: r for r in load_records(results, "tiny")}
+    by_method = {r.spec.method: r.to_dict() for r in load_records(results, "tiny")}
     assert {m: r["status"] for m, r in by_method.items()} == {
         "naive": "ok", "raises": "failed", "nan": "diverged", "hangs": "timeout"}
     assert "RuntimeError: <b>boom</b>" in by_method["raises"]["error"]
@@ -89,7 +90,7 @@ def _hostile_records():
     ok["run_id"] = "evilds000000"
     ok["spec"]["dataset"]["name"] = HOSTILE["dataset"]
     ok["spec"]["hparams"] = {HOSTILE["hparam_key"]: HOSTILE["hparam_value"]}
-    return records + [evil, ok]
+    return [RunRecord.from_dict(r) for r in records + [evil, ok]]
 
 
 def test_leaderboard_escapes_hostile_strings_from_records_and_submissions(tmp_path):

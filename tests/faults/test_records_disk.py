@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.records import TMP_MARK, load_records, scan_runs
+from harness.execution.store import TMP_MARK, load_records, scan_runs
 
 from .conftest import tiny_protocol
 
@@ -69,7 +69,7 @@ def test_damaged_records_are_reported_never_counted_and_redone(finished, tmp_pat
     for kind, text in REASONS.items():
         assert text in reasons[files[kind].name], reasons
     assert scan.stray == [files["stray"]] and list(scan.valid) == [files["intact"].stem]
-    assert [r["run_id"] for r in load_records(results, "tiny")] == [files["intact"].stem]
+    assert [r.run_id for r in load_records(results, "tiny")] == [files["intact"].stem]
 
     code, out, err = run_cli("leaderboard", "--results", results, "--protocol", "tiny", "--out", tmp_path / "site")
     assert code == 0, err
@@ -86,7 +86,7 @@ def test_damaged_records_are_reported_never_counted_and_redone(finished, tmp_pat
     now = files["intact"].stat()
     assert (now.st_ino, now.st_mtime_ns) == (intact_stat.st_ino, intact_stat.st_mtime_ns)
     for name, rec in before.items():  # redone runs reproduce the original numbers exactly
-        assert scan.valid[rec["run_id"]]["acc_matrix"] == rec["acc_matrix"], name
+        assert scan.valid[rec["run_id"]].acc_matrix == rec["acc_matrix"], name
 
 
 @pytest.mark.parametrize("kind", ["file", "sysfs", "chmod"])
@@ -106,7 +106,7 @@ def test_unwritable_results_folder_fails_before_any_run(kind, finished, tmp_path
         results.mkdir()
         results.chmod(0o500)
     calls = []
-    monkeypatch.setattr("harness.engine.run_one", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("harness.run.engine.run_one", lambda *a, **k: calls.append(a))
     code, out, err = run_cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", *QUIET)
     assert code == 2 and not calls
     lines = err.strip().splitlines()
@@ -120,7 +120,7 @@ def _enospc(*_a, **_k):
 def test_full_disk_at_the_first_record_write(finished, tmp_path, run_cli, monkeypatch):
     proto, _ = finished
     results = tmp_path / "res"
-    monkeypatch.setattr("harness.records.os.fsync", _enospc)  # the record's bytes do not fit
+    monkeypatch.setattr("harness.execution.store.os.fsync", _enospc)  # the record's bytes do not fit
     code, out, err = run_cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", *QUIET)
     assert code == 2
     lines = err.strip().splitlines()
@@ -141,7 +141,7 @@ def test_full_disk_before_any_run(finished, tmp_path, run_cli, monkeypatch):
 
     calls = []
     monkeypatch.setattr(Path, "write_text", write_text)
-    monkeypatch.setattr("harness.engine.run_one", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr("harness.run.engine.run_one", lambda *a, **k: calls.append(a))
     code, out, err = run_cli("run", "--protocol", proto, "--results", tmp_path / "res", "--no-leaderboard", *QUIET)
     assert code == 2 and not calls
     assert "results folder is not writable (No space left on device)" in err.strip()

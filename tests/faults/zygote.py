@@ -49,11 +49,11 @@ def _child(request: dict) -> None:
 def serve() -> None:
     """Import everything a sweep needs once, then answer requests until stdin closes."""
     import harness.cli  # noqa: F401
-    import harness.commands  # noqa: F401
-    import harness.engine  # noqa: F401
-    import harness.sweep  # noqa: F401
-    from harness.datasets import load_dataset
-    from harness.registry import get_registry
+    import harness.cli.commands  # noqa: F401
+    import harness.run.engine  # noqa: F401
+    import harness.execution.sweep  # noqa: F401
+    from harness.run.datasets import load_dataset
+    from harness.methods.registry import get_registry
 
     load_dataset("digits")
     get_registry()

@@ -1,0 +1,60 @@
+"""The `cl-bench` command line: parser -> typed request -> command (a short composition of library calls).
+
+Importing this package imports argparse and the torch-free vocabulary only, so `--help`
+starts fast; each command imports what it needs. Every user error is a `UserError`,
+printed as one line with exit code 2.
+"""
+from __future__ import annotations
+
+import sys
+
+from ..config.errors import UserError
+from .parser import UsageError, build_parser
+
+EXIT_USAGE = 2
+__all__ = ["main", "build_parser", "one_line", "UsageError", "EXIT_USAGE"]
+
+
+def main(argv=None) -> int:
+    """Entry point of the `cl-bench` console script."""
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command is None:
+            build_parser().print_help()
+            return 0
+        from .commands import COMMANDS
+        from .requests import request_from_args
+
+        return COMMANDS[args.command](request_from_args(args))
+    except UsageError as exc:
+        print(one_line(str(exc)), file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # `cl-bench list | head`: the reader left; not an error
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:
+        message = _user_error_message(exc)
+        if message is None:
+            raise
+        print(f"cl-bench: error: {one_line(message)}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def one_line(text: str) -> str:
+    """The message with control characters and line separators escaped: one terminal line, no escape codes."""
+    import unicodedata
+
+    return "".join(ch.encode("unicode_escape").decode() if unicodedata.category(ch) in ("Cc", "Zl", "Zp")
+                   else ch for ch in text)
+
+
+def _user_error_message(exc: Exception) -> str | None:
+    """One-line message for errors caused by the user's input; None for bugs."""
+    if isinstance(exc, UserError):
+        return str(exc) or type(exc).__name__  # main() escapes any line break in it
+    if isinstance(exc, OSError) and exc.filename is not None:  # a path given by the user is unusable
+        name = str(exc.filename)
+        return f"{name if len(name) <= 120 else name[:117] + '...'}: {exc.strerror or exc}"
+    return None

@@ -1,0 +1,309 @@
+"""The commands: each takes its typed request (cli.requests) and composes library calls."""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from .requests import (CheckRequest, ExportRequest, LeaderboardRequest, ListRequest, SubmitRequest,
+                       SweepRequest)
+
+
+def _load(req: SweepRequest):
+    from ..config.protocol import load_protocol, select
+    from ..methods.registry import get_registry
+
+    protocol = load_protocol(req.protocol, get_registry(req.method_files))
+    return select(protocol, datasets=req.datasets, methods=req.methods, regimes=req.regimes,
+                  orders=req.orders)
+
+
+def _options(req: SweepRequest, submission: dict | None = None):
+    """The per-run options of a sweep request (after checking its device exists)."""
+    from ..execution.executors import RunOptions
+    from ..execution.plan import SweepError
+    from ..run.engine import resolve_device
+
+    try:
+        resolve_device(req.device)
+    except ValueError as exc:
+        raise SweepError(str(exc)) from None
+    return RunOptions(data_dir=req.data_dir, download=req.download, device=req.device,
+                      method_files=req.method_files, timeout=req.run_timeout, threads=req.threads,
+                      submission=submission)
+
+
+def run_command(req: SweepRequest) -> int:
+    """Plan, optionally print the grid, run what is left, print the summary, build the site."""
+    from ..execution.plan import make_plan
+
+    protocol = _load(req)
+    plan = make_plan(protocol, req.results, retry_failed=req.retry_failed, only=req.only)
+    print(format_plan(protocol, plan, req.results))
+    if req.dry_run:
+        return 0
+    return _sweep_and_report(req, protocol, plan, _options(req))
+
+
+def _sweep_and_report(req: SweepRequest, protocol, plan, options, of: str = "") -> int:
+    """Run the plan, then the end-of-sweep report, summary table and leaderboard."""
+    _preload_data(protocol, options)
+    result = _run_tracked(plan, protocol, req, options)
+    print(f"\n{len(result.written)} runs{of} finished in {result.wall_s:.1f} s "
+          f"({_statuses(result.statuses)}); records in {Path(req.results) / protocol.name / 'runs'}")
+    _print_rerun_hint(result, protocol, req.results)
+    print_summary(req.results, protocol.name)
+    if req.leaderboard:
+        build_leaderboard(req.results, protocol.name)
+    return 130 if result.interrupted else 0
+
+
+def _print_rerun_hint(result, protocol, results) -> None:
+    """For a sweep with failures: how to rerun one of them alone."""
+    from ..execution.reproduce import reproduce_command
+
+    if result.failed_ids:
+        print(f"rerun a failed run alone: {reproduce_command(protocol.name, result.failed_ids[0], str(results))} "
+              "--retry-failed")
+
+
+def _run_tracked(plan, protocol, req: SweepRequest, options):
+    """run_sweep with the executor the request asks for, mirrored into MLflow unless --no-mlflow."""
+    from ..execution.sweep import run_sweep
+    from ..outputs.tracking import make_tracker
+
+    executor = _executor(req, protocol, options)
+    tracker = make_tracker(req.results, protocol, plan, req.tracking_uri, req.experiment) if req.mlflow else None
+    if tracker:
+        print(f"mlflow: experiment {tracker.experiment!r} at {tracker.uri} "
+              f"(browse: mlflow ui --backend-store-uri {shlex.quote(tracker.uri)})")
+    try:
+        result = run_sweep(plan, protocol, req.results, options, jobs=req.jobs, executor=executor,
+                           progress=req.progress, on_record=(tracker.log_record,) if tracker else ())
+    except BaseException:
+        if tracker:
+            tracker.abort()
+        raise
+    if tracker:
+        tracker.finish(interrupted=result.interrupted)
+    return result
+
+
+def _executor(req: SweepRequest, protocol, options):
+    """The executor of `--executor` with its retries and, for Ray, address and resources."""
+    from ..execution.executors import make_executor
+    from ..execution.plan import SweepError
+
+    ray_flags = {"--ray-address": req.ray_address, "--num-cpus": req.num_cpus, "--num-gpus": req.num_gpus}
+    if req.executor == "ray" and options.timeout:
+        raise SweepError("--run-timeout: not supported with --executor ray; use --executor process")
+    if req.executor != "ray":
+        given = [flag for flag, value in ray_flags.items() if value is not None]
+        if given:
+            raise SweepError(f"{given[0]}: only applies to --executor ray (got --executor {req.executor})")
+        return make_executor(req.executor, options, req.jobs, max_retries=req.max_retries)
+    from ..execution.executors.ray import RayOptions
+
+    res = protocol.resources or {}
+    pick = lambda flag, key, default: next(  # noqa: E731
+        v for v in (ray_flags[flag], res.get(key), default) if v is not None)
+    ray_options = RayOptions(address=req.ray_address, num_cpus=float(pick("--num-cpus", "num_cpus", 1.0)),
+                             num_gpus=float(pick("--num-gpus", "num_gpus", 0.0)), max_retries=req.max_retries)
+    return make_executor("ray", options, req.jobs, max_retries=req.max_retries, ray_options=ray_options)
+
+
+def _preload_data(protocol, options) -> None:
+    """Load every dataset once up front, so a missing one fails before any run starts."""
+    from ..run.datasets import load_dataset
+
+    for d in protocol.datasets:
+        load_dataset(d.name, options.data_dir, options.download)
+
+
+def _statuses(statuses: dict) -> str:
+    return ", ".join(f"{v} {k}" for k, v in sorted(statuses.items())) or "nothing to do"
+
+
+def format_plan(protocol, plan, results) -> str:
+    """The grid: counts per axis, total runs, runs already done."""
+    c = plan.counts()
+    lines = [f"protocol {protocol.name} v{protocol.version} ({protocol.source})",
+             f"grid: {c['datasets']} datasets x {c['regimes']} regimes x {c['methods']} methods x "
+             f"{c['orders']} task orders x {c['seeds']} seeds = {c['total']} runs",
+             f"done: {c['done']}   to run: {c['todo']}   results: {Path(results) / protocol.name}"]
+    if plan.invalid:
+        lines.append(f"invalid record files (will be redone): {len(plan.invalid)}")
+    return "\n".join(lines)
+
+
+def print_summary(results, protocol_name: str) -> None:
+    """Method x regime summary (mean ACC / forgetting) of every valid record of the protocol."""
+    from ..analysis.frame import format_summary, records_to_frame
+    from ..execution.store import current_records, load_records
+
+    records = current_records(load_records(results, protocol_name))
+    if records:
+        print()
+        print(format_summary(records_to_frame(records)))
+
+
+def build_leaderboard(results, protocol_name: str, out: str | None = None) -> Path | None:
+    """Build the static site for one protocol's records; prints and returns index.html's path."""
+    from ..execution.store import current_records, load_records, protocol_dir
+    from ..outputs.site import build_site
+
+    records = current_records(load_records(results, protocol_name))
+    if not records:
+        print(f"leaderboard: no records under {protocol_dir(results, protocol_name)}")
+        return None
+    target = Path(out) if out else protocol_dir(results, protocol_name) / "site"
+    index = build_site(records, target, results_dir=str(results))
+    print(f"leaderboard: {Path(index).resolve()}")
+    return Path(index)
+
+
+def leaderboard_command(req: LeaderboardRequest) -> int:
+    """`cl-bench leaderboard`: one site per protocol found under --results."""
+    from ..execution.plan import SweepError
+    from ..execution.store import discover_protocol_dirs, runs_dir
+
+    if req.from_mlflow:
+        return leaderboard_from_mlflow(req)
+    names = [req.protocol] if req.protocol else [p.name for p in discover_protocol_dirs(req.results)]
+    if not names:
+        raise SweepError(f"--results: no records found under {req.results} "
+                         "(expected <results>/<protocol>/runs/*.json)")
+    if req.out and len(names) > 1:
+        raise SweepError(f"--out: {len(names)} protocols found ({', '.join(names)}); add --protocol NAME")
+    if req.protocol and not runs_dir(req.results, req.protocol).is_dir():
+        raise SweepError(f"--protocol: no records of protocol {req.protocol!r} under {req.results} "
+                         f"(expected {runs_dir(req.results, req.protocol)}/*.json)")
+    built = [build_leaderboard(req.results, n, req.out) for n in names]
+    return 0 if all(built) else 1
+
+
+def leaderboard_from_mlflow(req: LeaderboardRequest) -> int:
+    """`cl-bench leaderboard --from-mlflow URI --experiment NAME`: the site of an MLflow experiment."""
+    from ..execution.plan import SweepError
+    from ..outputs.export import records_from_mlflow
+    from ..outputs.site import build_site
+
+    experiment = req.experiment or req.protocol
+    if not experiment:
+        raise SweepError("--from-mlflow: name the MLflow experiment with --experiment NAME")
+    records = records_from_mlflow(req.from_mlflow, experiment)
+    if not records:
+        raise SweepError(f"--from-mlflow: experiment {experiment!r} at {req.from_mlflow} "
+                         "holds no cl-bench records")
+    target = Path(req.out) if req.out else Path(req.results) / f"mlflow-{experiment}" / "site"
+    index = build_site(records, target)
+    print(f"leaderboard: {len(records)} records from MLflow experiment {experiment!r}: {Path(index).resolve()}")
+    return 0
+
+
+def export_command(req: ExportRequest) -> int:
+    """`cl-bench export`: the tidy table (one row per record) as CSV or Parquet."""
+    from ..execution.plan import SweepError
+    from ..execution.store import load_records
+    from ..outputs.export import export_table
+
+    records = load_records(req.results, req.protocol)
+    if not records:
+        where = Path(req.results) / (req.protocol or "<protocol>") / "runs"
+        raise SweepError(f"--results: no records found under {where}")
+    folder = Path(req.results) / req.protocol if req.protocol else Path(req.results)
+    out = Path(req.out) if req.out else folder / f"records.{req.format}"
+    path = export_table(records, req.format, out)
+    print(f"export: {len(records)} records -> {path}")
+    return 0
+
+
+def list_command(req: ListRequest) -> int:
+    """`cl-bench list [what]`."""
+    sections = ("protocols", "datasets", "methods", "regimes") if req.what == "all" else (req.what,)
+    for section in sections:
+        print(f"{section}:")
+        for line in LISTERS[section](req):
+            print(f"  {line}")
+    return 0
+
+
+def _list_protocols(req: ListRequest):
+    import yaml
+
+    from ..config.protocol import available_protocols, resolve_protocol_path
+
+    for name in available_protocols():
+        try:
+            raw = yaml.safe_load(resolve_protocol_path(name).read_text()) or {}
+        except Exception:  # listing must not die on one broken file
+            raw = {}
+        desc = str(raw.get("description", "")).strip().splitlines()[0] if raw.get("description") else ""
+        yield f"{name:<20} v{raw.get('version', '?'):<5} {desc}"
+
+
+def _list_datasets(req: ListRequest):
+    from ..config.vocabulary import DATASETS
+
+    for name, facts in DATASETS.items():
+        where = "embedded" if facts.source == "embedded" else "torchvision (--data-dir, --download)"
+        yield f"{name:<14} {facts.n_classes:>3} classes  default model {facts.default_model:<17} {where}"
+    yield "npz:PATH       your own arrays x_train, y_train, x_test, y_test"
+
+
+def _list_methods(req: ListRequest):
+    # metadata by content hash: importing every adapter (torch, Avalanche) takes seconds
+    from ..methods.index import method_infos
+
+    for m in sorted(method_infos(req.method_files), key=lambda m: m["name"]):
+        hp = ", ".join(f"{k}={v}" for k, v in m["defaults"].items()) or "-"
+        yield f"{m['name']:<16} {m['description'][:60]:<60} [{hp}]  ({m['source']})"
+
+
+def _list_regimes(req: ListRequest):
+    from ..config.vocabulary import MODELS
+
+    yield "head       train the task heads only"
+    yield "last-k     train the last k blocks + heads (k = 1, 2, 3, ... up to the model's depth)"
+    yield "full       train every block + heads"
+    yield "models: " + ", ".join(f"{name} ({facts.n_blocks} blocks)" for name, facts in MODELS.items())
+
+
+LISTERS = {"protocols": _list_protocols, "datasets": _list_datasets, "methods": _list_methods,
+           "regimes": _list_regimes}
+
+
+def check_command(req: CheckRequest) -> int:
+    """`cl-bench check FILE`: the adapter contract; 0 when it holds, 2 otherwise."""
+    from ..execution.check import check
+
+    result = check(req.file, device=req.device)
+    if result.ok:
+        print("\n".join(result.passed))
+        print(f"{req.file}: the adapter contract holds ({len(result.passed)} checks passed)")
+        return 0
+    for finding in result.findings:
+        print(finding.format(), file=sys.stderr)
+    print(f"{req.file}: the adapter contract is broken ({len(result.findings)} problem(s)); "
+          "see submissions/README.md", file=sys.stderr)
+    return 2
+
+
+def submit_command(req: SubmitRequest) -> int:
+    """`cl-bench submit FILE --protocol NAME`: check, run the method's grid, rebuild the leaderboard."""
+    from ..execution.submission import prepare
+
+    if check_command(CheckRequest(req.file, req.check_device)) != 0:
+        return 2
+    s = req.sweep
+    sub = prepare(req.file, s.protocol, s.results, datasets=s.datasets, regimes=s.regimes,
+                  orders=s.orders, retry_failed=s.retry_failed)
+    print(f"\nsubmission {sub.method!r} from {sub.file} (sha256 {sub.info['sha256'][:16]}...)")
+    print(format_plan(sub.protocol, sub.plan, s.results))
+    if s.dry_run:
+        return 0
+    return _sweep_and_report(s, sub.protocol, sub.plan, _options(s, submission=sub.info), of=f" of {sub.method!r}")
+
+
+COMMANDS = {"run": run_command, "list": list_command, "leaderboard": leaderboard_command,
+            "export": export_command, "check": check_command, "submit": submit_command}

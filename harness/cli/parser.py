@@ -1,0 +1,201 @@
+"""The argument parser of `cl-bench`: commands, their flags (one shared group for sweeps), examples.
+
+Only argparse and the torch-free vocabulary are imported, so that `--help` starts fast.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+from ..config.errors import UserError
+
+RUN_EXAMPLES = """examples:
+  cl-bench run --protocol depth-sweep-mini                  # the embedded demo sweep
+  cl-bench run --protocol depth-sweep-mini --dry-run        # grid size, runs already done
+  cl-bench run --protocol depth-sweep-mini --methods naive,lwf --regimes head,full --orders 2
+  cl-bench run --protocol depth-sweep --data-dir ~/data --download --jobs 4
+  cl-bench run --protocol my-protocol.yaml --method my_method.py --results out/
+  cl-bench run --protocol depth-sweep-mini --executor ray --jobs 4   # local Ray, 4 CPUs
+  cl-bench run --protocol depth-sweep --executor ray --ray-address ray://head:10001
+  cl-bench run --protocol smoke --no-mlflow                  # no MLflow logging
+"""
+EXPORT_EXAMPLES = """examples:
+  cl-bench export --results results/ --format csv                 # results/records.csv
+  cl-bench export --results results/ --protocol smoke --format parquet --out smoke.parquet
+"""
+LIST_EXAMPLES = """examples:
+  cl-bench list                 # everything
+  cl-bench list methods         # registered methods with their default hyperparameters
+"""
+LEADERBOARD_EXAMPLES = """examples:
+  cl-bench leaderboard --results results/
+  cl-bench leaderboard --results results/ --protocol depth-sweep-mini --out site/
+  cl-bench leaderboard --from-mlflow http://mlflow.team:5000 --experiment depth-sweep --out site/
+"""
+
+
+CHECK_EXAMPLES = """examples:
+  cl-bench check submissions/l2_anchor.py   # contract of a method file (exit 0 ok, 2 broken)
+  cl-bench check lwf                        # the same for a registered method
+"""
+SUBMIT_EXAMPLES = """examples:
+  cl-bench submit submissions/l2_anchor.py --protocol depth-sweep-mini
+  cl-bench submit my_method.py --protocol depth-sweep-mini --regimes head,full --orders 2 --jobs 2
+"""
+
+
+
+
+class UsageError(UserError):
+    """A command line argparse rejects (unknown flag, bad value): one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit 2) instead of usage dumps."""
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _csv(value: str) -> tuple:
+    items = tuple(v.strip() for v in value.split(",") if v.strip())
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list, got an empty value")
+    return items
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def _non_negative(kind, positive: bool = False):
+    def parse(value: str):
+        try:
+            number = kind(value)
+        except ValueError:
+            number = -1
+        if (isinstance(number, float) and not math.isfinite(number)) or number < 0 or (positive and number == 0):
+            raise argparse.ArgumentTypeError(
+                f"expected a {'positive' if positive else 'non-negative'} number, got {value!r}")
+        return number
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (exposed for tests and docs)."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(prog="cl-bench", formatter_class=fmt,
+                     description="Continual-learning benchmarks under controlled fine-tuning depth regimes.",
+                     epilog="run `cl-bench COMMAND --help` for a command's options and examples")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_run(sub, fmt)
+    _add_list(sub, fmt)
+    _add_leaderboard(sub, fmt)
+    _add_export(sub, fmt)
+    _add_check(sub, fmt)
+    _add_submit(sub, fmt)
+    return parser
+
+
+def add_sweep_flags(cmd) -> None:
+    """The flags every command that runs a protocol's grid shares (`run`, `submit`)."""
+    cmd.add_argument("--protocol", required=True, help="protocol name (see `cl-bench list protocols`) or a YAML path")
+    cmd.add_argument("--results", default="results", help="results folder (default: results/)")
+    cmd.add_argument("--datasets", type=_csv, help="only these datasets (comma-separated)")
+    cmd.add_argument("--regimes", type=_csv, help="only these regimes (comma-separated)")
+    cmd.add_argument("--orders", type=_positive_int, help="only the first N task orders")
+    cmd.add_argument("--jobs", type=_positive_int, default=1, help="worker processes (default 1)")
+    cmd.add_argument("--threads", type=_positive_int, default=1,
+                     help="torch threads per run (default 1: parallelise across runs with --jobs)")
+    cmd.add_argument("--executor", choices=("inline", "process", "ray"), default="process",
+                     help="how runs are dispatched (default: process; --jobs 1 runs inline; "
+                          "ray needs the [ray] extra)")
+    cmd.add_argument("--data-dir", help="folder holding torchvision data sets (default: ./data or $CL_BENCH_DATA)")
+    cmd.add_argument("--download", action="store_true", help="download missing torchvision data sets")
+    cmd.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                     help="device of the runs (default: auto)")
+    cmd.add_argument("--retry-failed", action="store_true", help="rerun runs recorded as failed/diverged/timeout")
+    cmd.add_argument("--dry-run", action="store_true", help="print the grid and what is already done; run nothing")
+    cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cmd.add_argument("--no-leaderboard", action="store_true", help="do not rebuild the leaderboard at the end")
+    cmd.add_argument("--ray-address", metavar="ADDR",
+                     help="with --executor ray: join this Ray cluster (default: start a local Ray with --jobs CPUs)")
+    cmd.add_argument("--num-cpus", type=_non_negative(float),
+                     help="with --executor ray: CPUs per run (default: protocol resources, else 1)")
+    cmd.add_argument("--num-gpus", type=_non_negative(float),
+                     help="with --executor ray: GPUs per run (default: protocol resources, else 0)")
+    cmd.add_argument("--max-retries", type=_non_negative(int), default=1,
+                     help="reruns of a run whose worker process died (process, ray; default 1)")
+    cmd.add_argument("--tracking-uri", metavar="URI",
+                     help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<results>/mlflow.db)")
+    cmd.add_argument("--experiment", help="MLflow experiment name (default: the protocol name)")
+    cmd.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    cmd.add_argument("--run-timeout", type=_non_negative(float, positive=True), metavar="SECONDS",
+                     help="stop a run after SECONDS and record it as status timeout; the sweep goes on "
+                          "(runs then execute in worker processes, also with --jobs 1)")
+
+
+def _add_run(sub, fmt) -> None:
+    run = sub.add_parser("run", help="run a protocol's grid (resumable)", epilog=RUN_EXAMPLES,
+                         formatter_class=fmt,
+                         description="Run every dataset x regime x method x task order x seed of a "
+                                     "protocol. Finished runs are skipped; interrupted sweeps resume.")
+    add_sweep_flags(run)
+    run.add_argument("--methods", type=_csv, help="only these methods (names or labels, comma-separated)")
+    run.add_argument("--only", type=_csv, metavar="RUN_IDS", help="only these run ids (reproduce single runs)")
+    run.add_argument("--method", action="append", default=[], metavar="FILE",
+                     help="register the adapter in FILE for this run (repeatable)")
+
+
+def _add_list(sub, fmt) -> None:
+    lst = sub.add_parser("list", help="list protocols, datasets, methods or regimes",
+                         epilog=LIST_EXAMPLES, formatter_class=fmt)
+    lst.add_argument("what", nargs="?", default="all",
+                     choices=("all", "protocols", "datasets", "methods", "regimes"))
+    lst.add_argument("--method", action="append", default=[], metavar="FILE",
+                     help="also register the adapter in FILE")
+
+
+def _add_leaderboard(sub, fmt) -> None:
+    lb = sub.add_parser("leaderboard", help="build the static HTML leaderboard from records",
+                        epilog=LEADERBOARD_EXAMPLES, formatter_class=fmt)
+    lb.add_argument("--results", default="results", help="results folder (default: results/)")
+    lb.add_argument("--protocol", help="protocol name inside the results folder (default: each one found)")
+    lb.add_argument("--out", help="output folder (default: <results>/<protocol>/site/)")
+    lb.add_argument("--from-mlflow", metavar="URI",
+                    help="build from the record artifacts of an MLflow experiment instead of --results")
+    lb.add_argument("--experiment", help="MLflow experiment with --from-mlflow (default: --protocol)")
+
+
+def _add_export(sub, fmt) -> None:
+    exp = sub.add_parser("export", help="write the tidy table of all records (CSV or Parquet)",
+                         epilog=EXPORT_EXAMPLES, formatter_class=fmt)
+    exp.add_argument("--results", default="results", help="results folder (default: results/)")
+    exp.add_argument("--protocol", help="only this protocol's records (default: every protocol found)")
+    exp.add_argument("--format", choices=("csv", "parquet"), default="csv", help="default: csv")
+    exp.add_argument("--out", help="output file (default: <results>/records.<format>)")
+
+
+def _add_check(sub, fmt) -> None:
+    chk = sub.add_parser("check", help="check a method file against the adapter contract",
+                         epilog=CHECK_EXAMPLES, formatter_class=fmt,
+                         description="Train the method on a tiny synthetic two-task stream under the head and "
+                                     "full regimes and check the adapter contract (see submissions/README.md).")
+    chk.add_argument("file", metavar="FILE", help="adapter file (.py), or the name of a registered method")
+    chk.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                     help="device of the check runs (default: cpu, where runs are bitwise reproducible)")
+
+
+def _add_submit(sub, fmt) -> None:
+    smt = sub.add_parser("submit", help="check a method file, run a protocol's grid for it, rebuild the leaderboard",
+                         epilog=SUBMIT_EXAMPLES, formatter_class=fmt,
+                         description="Run `check` (on the CPU), then the protocol's grid for this method only "
+                                     "(its DEFAULTS as hyperparameters); records carry the file's sha256.")
+    smt.add_argument("file", metavar="FILE", help="adapter file (.py)")
+    add_sweep_flags(smt)

@@ -1,0 +1,117 @@
+"""Typed requests: what a command was asked to do, built once from argparse's namespace.
+
+Commands take these frozen objects, never the namespace, so every flag a command reads is
+named here, typed, and checked in one place (`request_from_args`).
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    """Run (part of) a protocol's grid: `run`, and the grid part of `submit`."""
+
+    protocol: str
+    results: str = "results"
+    datasets: tuple | None = None
+    methods: tuple | None = None
+    regimes: tuple | None = None
+    orders: int | None = None
+    only: tuple = ()
+    method_files: tuple = ()
+    jobs: int = 1
+    threads: int = 1
+    executor: str = "process"
+    data_dir: str | None = None
+    download: bool = False
+    device: str = "auto"
+    retry_failed: bool = False
+    dry_run: bool = False
+    progress: bool = True
+    leaderboard: bool = True
+    mlflow: bool = True
+    tracking_uri: str | None = None
+    experiment: str | None = None
+    ray_address: str | None = None
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    max_retries: int = 1
+    run_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """Check a method file, then run its grid under a protocol."""
+
+    file: str
+    sweep: SweepRequest
+    check_device: str = "cpu"  # the contract check runs where runs are bitwise reproducible
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """Check the adapter contract of a method file or a registered method."""
+
+    file: str
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class ListRequest:
+    """List protocols, datasets, methods or regimes."""
+
+    what: str = "all"
+    method_files: tuple = ()
+
+
+@dataclass(frozen=True)
+class LeaderboardRequest:
+    """Build the static site from a results folder or an MLflow experiment."""
+
+    results: str = "results"
+    protocol: str | None = None
+    out: str | None = None
+    from_mlflow: str | None = None
+    experiment: str | None = None
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """Write the tidy table of records."""
+
+    results: str = "results"
+    protocol: str | None = None
+    format: str = "csv"
+    out: str | None = None
+
+
+def _sweep(args: argparse.Namespace, method_files: tuple, methods=None, only=()) -> SweepRequest:
+    return SweepRequest(
+        protocol=args.protocol, results=args.results, datasets=args.datasets, methods=methods,
+        regimes=args.regimes, orders=args.orders, only=tuple(only or ()), method_files=method_files, jobs=args.jobs,
+        threads=args.threads, executor=args.executor, data_dir=args.data_dir, download=args.download,
+        device=args.device, retry_failed=args.retry_failed, dry_run=args.dry_run,
+        progress=not args.no_progress, leaderboard=not args.no_leaderboard, mlflow=not args.no_mlflow,
+        tracking_uri=args.tracking_uri, experiment=args.experiment, ray_address=args.ray_address,
+        num_cpus=args.num_cpus, num_gpus=args.num_gpus, max_retries=args.max_retries,
+        run_timeout=args.run_timeout)
+
+
+def request_from_args(args: argparse.Namespace):
+    """The typed request of a parsed command line."""
+    if args.command == "run":
+        return _sweep(args, tuple(args.method), methods=args.methods, only=args.only)
+    if args.command == "submit":
+        return SubmitRequest(file=args.file, sweep=_sweep(args, (args.file,)))
+    if args.command == "check":
+        return CheckRequest(file=args.file, device=args.device)
+    if args.command == "list":
+        return ListRequest(what=args.what, method_files=tuple(args.method))
+    if args.command == "leaderboard":
+        return LeaderboardRequest(results=args.results, protocol=args.protocol, out=args.out,
+                                  from_mlflow=args.from_mlflow, experiment=args.experiment)
+    if args.command == "export":
+        return ExportRequest(results=args.results, protocol=args.protocol, format=args.format, out=args.out)
+    raise ValueError(f"no request type for command {args.command!r}")

@@ -1,0 +1,1 @@
+"""Configuration: the vocabulary, protocol loading and validation, frozen specs (torch-free)."""

@@ -1,0 +1,310 @@
+"""Load and strictly validate a protocol file into a frozen Protocol; restrict it to a sub-grid."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+from .errors import UserError
+from .paths import protocol_dirs
+from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
+from .vocabulary import (DATASET_NAMES, DATASETS, MODELS, NAME_RULE, OPTIMIZERS, PRETRAIN_MODES,
+                         REGIME_GRAMMAR, SCENARIOS, USER_DATA_DEFAULT_MODEL, is_dataset_name, is_regime_name,
+                         is_valid_name, regime_depth)
+
+PROTOCOL_KEYS = ("name", "version", "description", "scenario", "pretrain", "datasets", "regimes",
+                 "methods", "task_orders", "seeds", "training", "evaluation", "resources")
+REQUIRED_KEYS = ("name", "version", "datasets", "regimes", "methods")
+DATASET_KEYS = ("name", "n_tasks", "classes_per_task", "model")
+METHOD_KEYS = ("name", "label", "hparams")
+ORDER_KEYS = ("count", "seed", "orders")
+TRAINING_KEYS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
+RESOURCE_KEYS = ("num_cpus", "num_gpus")
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
+MAX_ORDERS = 1000
+
+
+class ProtocolError(UserError, ValueError):
+    """A protocol mistake: one line naming file, key, value and what is allowed."""
+
+
+def available_protocols() -> list[str]:
+    """Names of the protocols found in the protocol folders."""
+    names = {p.stem for d in protocol_dirs() if d.is_dir() for p in d.glob("*.yaml")}
+    return sorted(names)
+
+
+def resolve_protocol_path(name_or_path: str) -> Path:
+    """A path to an existing file, or a protocol name looked up in the protocol folders."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ProtocolError(f"{name_or_path}: no such protocol file")
+        return path
+    for folder in protocol_dirs():
+        candidate = folder / f"{name_or_path}.yaml"
+        if candidate.is_file():
+            return candidate
+    raise ProtocolError(f"--protocol: unknown protocol {name_or_path!r}; allowed: "
+                        f"{', '.join(available_protocols()) or '(none found)'} or a path to a .yaml file")
+
+
+def load_protocol(name_or_path: str, registry) -> Protocol:
+    """Read, validate and freeze a protocol; every mistake raises ProtocolError.
+
+    `registry` maps method names to adapters (anything with `.defaults`): the methods a
+    protocol may list and the hyperparameters each accepts.
+    """
+    import yaml
+
+    path = resolve_protocol_path(name_or_path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ProtocolError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"{path}: cannot read: {exc}") from None
+    return parse_protocol(raw, str(path), registry)
+
+
+def parse_protocol(raw, source: str, registry) -> Protocol:
+    """Validate an already-parsed YAML mapping (see `load_protocol`)."""
+    v = _Validator(source)
+    v.mapping(raw, "(top level)", PROTOCOL_KEYS, REQUIRED_KEYS)
+    name = v.name(raw["name"], "name")
+    version = v.version(raw["version"])
+    datasets = v.datasets(raw["datasets"])
+    regimes = v.regimes(raw["regimes"], datasets)
+    methods = v.methods(raw["methods"], registry)
+    orders, order_seed = v.task_orders(raw.get("task_orders", {"count": 1, "seed": 0}), datasets)
+    return Protocol(
+        name=name, version=version, description=v.string(raw.get("description", ""), "description"),
+        scenario=v.choice(raw.get("scenario", "task-il"), "scenario", SCENARIOS),
+        pretrain=v.choice(raw.get("pretrain", "first-task"), "pretrain", PRETRAIN_MODES),
+        datasets=datasets, regimes=regimes, methods=methods, task_orders=orders,
+        order_seed=order_seed, seeds=v.seeds(raw.get("seeds", [0])),
+        training=v.training(raw.get("training", {})),
+        eval_batch_size=v.evaluation(raw.get("evaluation", {})), source=source,
+        resources=v.resources(raw.get("resources", {})))
+
+
+class _Validator:
+    """Type and value checks whose errors all read `file: key: value ...; allowed: ...`."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def fail(self, key: str, message: str):
+        raise ProtocolError(f"{self.source}: {key}: {message}")
+
+    def mapping(self, value, key, allowed, required=()):
+        if not isinstance(value, dict):
+            self.fail(key, f"expected a mapping, got {_show(value)}")
+        for k in value:
+            if k not in allowed:
+                self.fail(f"{key}.{k}" if key != "(top level)" else str(k),
+                          f"unknown key; allowed: {', '.join(allowed)}")
+        for k in required:
+            if k not in value:
+                self.fail(f"{key}.{k}" if key != "(top level)" else k, "missing required key")
+
+    def integer(self, value, key, minimum=None, maximum=None):
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(key, f"expected an integer, got {_show(value)}")
+        if minimum is not None and value < minimum:
+            self.fail(key, f"{_show(value)} is too small; allowed: an integer >= {minimum}")
+        if maximum is not None and value > maximum:
+            self.fail(key, f"{_show(value)} is too large; allowed: an integer <= {maximum}")
+        return value
+
+    def number(self, value, key, minimum=None, below=None):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(key, f"expected a number, got {_show(value)}")
+        if not math.isfinite(value):
+            self.fail(key, f"{value} is not allowed; allowed: a finite number")
+        if minimum is not None and value < minimum:
+            self.fail(key, f"{value} is out of range; allowed: >= {minimum}")
+        if below is not None and value >= below:
+            self.fail(key, f"{value} is out of range; allowed: < {below}")
+        return float(value)
+
+    def string(self, value, key):
+        if not isinstance(value, str):
+            self.fail(key, f"expected a string, got {_show(value)}")
+        return value
+
+    def plain(self, value, key):
+        """A JSON value (it is hashed into the run id): no dates, bytes, sets or NaN."""
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            self.fail(key, f"{_show(value)} is not allowed; allowed: numbers, strings, booleans, "
+                           "null and lists/mappings of them")
+        return value
+
+    def choice(self, value, key, allowed):
+        if value not in allowed:
+            self.fail(key, f"{_show(value)} is not allowed; allowed: {', '.join(allowed)}")
+        return value
+
+    def name(self, value, key):
+        value = self.string(value, key)
+        if not is_valid_name(value):
+            self.fail(key, f"{_show(value)} is not a valid name; allowed: {NAME_RULE}")
+        return value
+
+    def version(self, value):
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or str(value).strip() == "":
+            self.fail("version", f"expected a version string such as \"1\" or \"1.0\", got {_show(value)}")
+        return str(value)
+
+    def nonempty_list(self, value, key):
+        if not isinstance(value, list) or not value:
+            self.fail(key, f"expected a non-empty list, got {_show(value)}")
+        return value
+
+    def datasets(self, value):
+        out = []
+        for i, entry in enumerate(self.nonempty_list(value, "datasets")):
+            key = f"datasets[{i}]"
+            if isinstance(entry, str):
+                entry = {"name": entry}
+            self.mapping(entry, key, DATASET_KEYS, ("name",))
+            name = self.string(entry["name"], f"{key}.name")
+            if not is_dataset_name(name):
+                self.fail(f"{key}.name", f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}, npz:PATH")
+            facts = DATASETS.get(name)
+            n_classes, default_model = (facts.n_classes, facts.default_model) if facts else \
+                (None, USER_DATA_DEFAULT_MODEL)
+            n_tasks = self.integer(entry.get("n_tasks", 5), f"{key}.n_tasks", 1)
+            if "classes_per_task" not in entry and n_classes and n_classes % n_tasks:
+                divisors = [k for k in range(1, n_classes + 1) if n_classes % k == 0]
+                self.fail(f"{key}.n_tasks", f"{n_classes} classes of {name} do not divide into {n_tasks} tasks; "
+                                            f"allowed: one of {divisors}, or set classes_per_task")
+            default_cpt = n_classes // n_tasks if n_classes else 2
+            cpt = self.integer(entry.get("classes_per_task", default_cpt), f"{key}.classes_per_task", 1)
+            model = self.choice(entry.get("model", default_model), f"{key}.model", tuple(MODELS))
+            if n_classes is not None and n_tasks * cpt > n_classes:
+                self.fail(key, f"{n_tasks} tasks x {cpt} classes = {n_tasks * cpt} classes, but {name} has "
+                               f"{n_classes}; allowed: n_tasks * classes_per_task <= {n_classes}")
+            out.append(DatasetSpec(name, n_tasks, cpt, model))
+        if len({d.name for d in out}) != len(out):
+            self.fail("datasets", "a dataset is listed twice")
+        return tuple(out)
+
+    def regimes(self, value, datasets):
+        out = []
+        for i, regime in enumerate(self.nonempty_list(value, "regimes")):
+            if not isinstance(regime, str) or not is_regime_name(regime):
+                self.fail(f"regimes[{i}]", f"unknown regime {_show(regime)}; allowed: {REGIME_GRAMMAR}")
+            for d in datasets:
+                n = MODELS[d.model].n_blocks
+                try:
+                    regime_depth(regime, n)
+                except ValueError:
+                    self.fail(f"regimes[{i}]", f"{regime!r} is deeper than model {d.model!r} of dataset "
+                                               f"{d.name!r} ({n} blocks); allowed: head, last-1..last-{n}, full")
+            out.append(regime)
+        if len(set(out)) != len(out):
+            self.fail("regimes", "a regime is listed twice")
+        return tuple(out)
+
+    def methods(self, value, registry):
+        out = []
+        for i, entry in enumerate(self.nonempty_list(value, "methods")):
+            key = f"methods[{i}]"
+            if isinstance(entry, str):
+                entry = {"name": entry}
+            self.mapping(entry, key, METHOD_KEYS, ("name",))
+            name = self.string(entry["name"], f"{key}.name")
+            if name not in registry:
+                self.fail(f"{key}.name", f"unknown method {name!r}; allowed: {', '.join(sorted(registry))}")
+            label = self.string(entry.get("label", ""), f"{key}.label")
+            hparams = entry.get("hparams", {}) or {}
+            self.mapping(hparams, f"{key}.hparams", tuple(registry[name].defaults) or ("(none)",))
+            for k, v in hparams.items():
+                self.plain(v, f"{key}.hparams.{k}")
+            out.append(MethodSpec(name, {**registry[name].defaults, **hparams}, label))
+        displays = [m.display for m in out]
+        for d in displays:
+            if displays.count(d) > 1:
+                self.fail("methods", f"method {d!r} appears twice; give the entries distinct labels")
+        return tuple(out)
+
+    def task_orders(self, value, datasets):
+        self.mapping(value, "task_orders", ORDER_KEYS)
+        seed = self.integer(value.get("seed", 0), "task_orders.seed", 0, MAX_SEED)
+        if "orders" in value:
+            if "count" in value:
+                self.fail("task_orders", "give either count (+ seed) or orders, not both")
+            return self._explicit_orders(value["orders"], datasets), seed
+        count = self.integer(value.get("count", 1), "task_orders.count", 1, MAX_ORDERS)
+        return tuple([None] * count), seed
+
+    def _explicit_orders(self, orders, datasets):
+        out = []
+        for i, order in enumerate(self.nonempty_list(orders, "task_orders.orders")):
+            key = f"task_orders.orders[{i}]"
+            if not isinstance(order, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in order):
+                self.fail(key, f"expected a list of class indices, got {_show(order)}")
+            for d in datasets:
+                n = DATASETS[d.name].n_classes if d.name in DATASETS else len(order)
+                if sorted(order) != list(range(n)):
+                    self.fail(key, f"{_show(order)} is not a permutation of 0..{n - 1} (dataset {d.name!r})")
+            out.append(tuple(order))
+        return tuple(out)
+
+    def seeds(self, value):
+        seeds = [self.integer(s, f"seeds[{i}]", 0, MAX_SEED) for i, s in enumerate(self.nonempty_list(value, "seeds"))]
+        if len(set(seeds)) != len(seeds):
+            self.fail("seeds", "a seed is listed twice")
+        return tuple(seeds)
+
+    def training(self, value):
+        self.mapping(value, "training", TRAINING_KEYS)
+        d = TrainingSpec()
+        return TrainingSpec(
+            optimizer=self.choice(value.get("optimizer", d.optimizer), "training.optimizer", OPTIMIZERS),
+            lr=self.number(value.get("lr", d.lr), "training.lr", minimum=1e-12),
+            momentum=self.number(value.get("momentum", d.momentum), "training.momentum", 0.0, below=1.0),
+            weight_decay=self.number(value.get("weight_decay", d.weight_decay), "training.weight_decay", 0.0),
+            epochs=self.integer(value.get("epochs", d.epochs), "training.epochs", 1),
+            batch_size=self.integer(value.get("batch_size", d.batch_size), "training.batch_size", 1))
+
+    def evaluation(self, value):
+        self.mapping(value, "evaluation", ("batch_size",))
+        return self.integer(value.get("batch_size", 512), "evaluation.batch_size", 1)
+
+    def resources(self, value):
+        self.mapping(value, "resources", RESOURCE_KEYS)
+        return {k: self.number(v, f"resources.{k}", 0.0) for k, v in value.items()}
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def select(protocol: Protocol, *, datasets=None, methods=None, regimes=None, orders=None) -> Protocol:
+    """Restrict a protocol to some datasets/methods/regimes and the first `orders` task orders."""
+    def pick(items, wanted, key, flag):
+        if not wanted:
+            return items
+        known = [key(i) for i in items]
+        for w in wanted:
+            if w not in known:
+                raise ProtocolError(f"{flag}: {w!r} is not in protocol {protocol.name!r}; allowed: {', '.join(known)}")
+        return tuple(i for i in items if key(i) in wanted)
+
+    new_orders = protocol.task_orders
+    if orders is not None:
+        if orders < 1 or orders > len(protocol.task_orders):
+            raise ProtocolError(f"--orders: {orders} is out of range; allowed: 1..{len(protocol.task_orders)}")
+        new_orders = protocol.task_orders[:orders]
+    return dataclasses.replace(
+        protocol, datasets=pick(protocol.datasets, datasets, lambda d: d.name, "--datasets"),
+        methods=pick(protocol.methods, methods, lambda m: m.display, "--methods"),
+        regimes=pick(protocol.regimes, regimes, lambda r: r, "--regimes"), task_orders=new_orders)

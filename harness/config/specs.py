@@ -1,0 +1,180 @@
+"""Frozen dataclasses for protocols, run specifications and run records."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset of a protocol: how it is split into tasks and which backbone learns it."""
+
+    name: str
+    n_tasks: int
+    classes_per_task: int
+    model: str
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """Optimiser and schedule shared by every method of a protocol."""
+
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    epochs: int = 1
+    batch_size: int = 32
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method entry of a protocol: registry name, display label and hyperparameters."""
+
+    name: str
+    hparams: dict = field(default_factory=dict)
+    label: str = ""
+
+    @property
+    def display(self) -> str:
+        """The name shown in tables: the label if given, else the registry name."""
+        return self.label or self.name
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A loaded, validated protocol file."""
+
+    name: str
+    version: str
+    description: str
+    scenario: str
+    pretrain: str
+    datasets: tuple[DatasetSpec, ...]
+    regimes: tuple[str, ...]
+    methods: tuple[MethodSpec, ...]
+    task_orders: tuple[tuple[int, ...] | None, ...]  # None: derive from order seed
+    order_seed: int
+    seeds: tuple[int, ...]
+    training: TrainingSpec
+    eval_batch_size: int
+    source: str = ""
+    resources: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything that determines one run; its hash is the run id."""
+
+    protocol: str
+    protocol_version: str
+    dataset: DatasetSpec
+    regime: str
+    method: str
+    label: str
+    hparams: dict
+    order: int
+    class_order: tuple[int, ...]
+    seed: int
+    scenario: str
+    pretrain: str
+    training: TrainingSpec
+    eval_batch_size: int
+
+    def to_dict(self) -> dict:
+        """Plain-JSON form (tuples become lists)."""
+        return json.loads(json.dumps(asdict(self)))
+
+    @property
+    def display(self) -> str:
+        """The method name shown in tables: the label if given, else the registry name."""
+        return self.label or self.method
+
+    @property
+    def run_id(self) -> str:
+        """Short hash of the canonical JSON of the spec (protocol version included)."""
+        return spec_hash(self.to_dict())
+
+    @staticmethod
+    def from_dict(d: dict) -> "RunSpec":
+        """Rebuild a spec from its JSON form (unknown or missing keys raise TypeError)."""
+        d = dict(d)
+        d["dataset"] = DatasetSpec(**d["dataset"])
+        d["training"] = TrainingSpec(**d["training"])
+        d["class_order"] = tuple(d["class_order"])
+        return RunSpec(**d)
+
+
+def spec_hash(spec_dict: dict) -> str:
+    """12 hex digits of sha256 over sorted-key compact JSON."""
+    canon = json.dumps(spec_dict, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The single result of one run, as written and as read back (`to_dict`/`from_dict` are
+    the on-disk JSON schema; `spec` is parsed once into a RunSpec).
+
+    acc_matrix[i][j]: accuracy on task j after training task i (all tasks, every row);
+    rows may be fewer than T when the run failed part-way.
+    update_norms: {"shared": [None, u_2..u_T], "relative": [...], "per_block": {block: [...]},
+                   "drift": float|None, "step_forgetting": [None, f_2..f_T]}.
+    """
+
+    run_id: str
+    status: str
+    error: str | None
+    spec: RunSpec
+    acc_matrix: list
+    init_acc: list
+    metrics: dict
+    update_norms: dict
+    diagnostics: dict
+    params: dict
+    regime_depth: int
+    n_blocks: int
+    timings: dict
+    provenance: dict
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict:
+        """Plain-JSON form."""
+        return {**asdict(self), "spec": self.spec.to_dict()}
+
+    @staticmethod
+    def from_dict(d: dict) -> "RunRecord":
+        """Rebuild from JSON; unknown or missing keys raise TypeError (the caller validates)."""
+        return RunRecord(**{**d, "spec": RunSpec.from_dict(d["spec"])})
+
+    @property
+    def method(self) -> str:
+        """The method as tables show it: the spec's label, else its registry name."""
+        return self.spec.display
+
+    @property
+    def dataset(self) -> str:
+        """The data set's name."""
+        return self.spec.dataset.name
+
+    @property
+    def submission(self) -> dict | None:
+        """{"file", "sha256"} for a record of a submitted method file, else None."""
+        return (self.provenance or {}).get("submission")
+
+    @property
+    def ok(self) -> bool:
+        """True when the run finished with status ok."""
+        return self.status == "ok"
+
+
+def failed_record(spec: RunSpec, error: str, status: str = "failed", provenance: dict | None = None,
+                  **measured) -> RunRecord:
+    """The record of a run that did not finish: whatever was measured (`measured`), else nothing."""
+    empty = dict(acc_matrix=[], init_acc=[], metrics={}, update_norms={}, diagnostics={}, params={},
+                 regime_depth=None, n_blocks=None, timings={})
+    return RunRecord(run_id=spec.run_id, status=status, error=error, spec=spec,
+                     provenance=provenance or {}, **{**empty, **measured})

@@ -1,0 +1,1 @@
+"""Execution: planning a grid, the records store, executors, the sweep driver, submissions."""

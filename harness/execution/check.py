@@ -1,0 +1,302 @@
+"""The adapter contract (`cl-bench check`): one method file, a tiny synthetic stream, findings.
+
+Every run goes through the engine's own `run_one`, so the checks the engine makes on every
+real run (a strategy is returned, the harness plugins fire, frozen parameters and buffers
+stay bitwise unchanged) are the ones checked here. On top of them the contract looks at the
+model through the engine's task observer (trainable parameters move) and runs everything
+twice (same seed → same accuracy matrix and bitwise the same final parameters).
+
+The stream: 2 tasks x 2 classes of Gaussian blobs shaped as 1x8x8 images, written once per
+process to a temporary `npz:` file (the harness's own user-data route, no dataset hook),
+learned by `small-cnn` (its BatchNorm buffers make the frozen-buffer check real) for one
+epoch, under the most frozen (`head`) and the least frozen (`full`) regime.
+"""
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+CONTRACT_REGIMES = ("head", "full")
+N_TASKS, CLASSES_PER_TASK = 2, 2
+README = "submissions/README.md"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken rule: what is wrong, how to fix it, and where it showed up."""
+
+    check: str
+    problem: str
+    fix: str
+    where: str = ""
+    detail: str = ""
+
+    def format(self) -> str:
+        """Multi-line text for the terminal."""
+        head = f"✗ {self.check}" + (f" [{self.where}]" if self.where else "") + f": {self.problem}"
+        lines = [head, f"    fix: {self.fix}"]
+        lines += [f"    | {line}" for line in self.detail.splitlines()]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Findings (empty when the contract holds) and the list of checks that passed."""
+
+    target: str
+    methods: tuple = ()
+    findings: tuple = ()
+    passed: tuple = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is wrong."""
+        return not self.findings
+
+
+# Engine error texts (harness/run/engine.py) -> (check id, how to fix).
+ENGINE_FAILURES = (
+    ("not an Avalanche strategy", "strategy",
+     "build() must return the strategy object, e.g. `return Naive(**ctx.strategy_kwargs())` "
+     "(any avalanche SupervisedTemplate subclass)"),
+    ("never called the harness plugins", "plugins",
+     "pass the harness's plugins into the strategy: `Naive(**ctx.strategy_kwargs(*my_plugins))` "
+     "or `plugins=[*ctx.plugins, *my_plugins]`"),
+    ("frozen parameters/buffers changed", "frozen",
+     "leave frozen blocks alone: never call requires_grad_(True) or .train() on them (model.train() "
+     "is safe), optimise only parameters with requires_grad (ctx.optimizer / ctx.new_optimizer()), "
+     "never write into frozen tensors in place"),
+)
+LOAD_FIXES = (
+    ("syntax error", "fix the syntax error at that line (`python -m py_compile FILE` shows it)"),
+    ("already defined by", "choose a NAME no other method uses (`cl-bench list methods` shows the taken ones)"),
+    ("import failed", "make the module importable on its own: module-level code must not fail; "
+                      "import optional or heavy packages inside build()"),
+    ("no such method file", "give the path of an existing .py file"),
+)
+
+
+def check(target: str, regimes=CONTRACT_REGIMES, device: str = "cpu") -> CheckResult:
+    """Run the adapter contract on a method file (or a registered method name)."""
+    from ..methods.registry import RegistryError
+
+    try:
+        adapters, method_files = _resolve(target)
+    except RegistryError as exc:
+        return CheckResult(target, findings=(_load_finding(str(exc)),))
+    findings, passed = [], [f"✓ loads: {', '.join(_describe(a) for a in adapters)}"]
+    for adapter in adapters:
+        f, p = check_adapter(adapter, method_files, regimes, device, label=len(adapters) > 1)
+        findings += f
+        passed += p
+    return CheckResult(target, tuple(a.name for a in adapters), tuple(findings), tuple(passed))
+
+
+def _resolve(target: str):
+    """(adapters to check, method files the engine must register) for a file or a name."""
+    from ..methods.registry import RegistryError, adapters_from_module, get_registry, load_module_file
+
+    path = Path(target)
+    if path.suffix == ".py" or path.exists():
+        adapters = adapters_from_module(load_module_file(path), str(path))
+        get_registry((str(path),))  # name collisions with everything else fail here
+        return adapters, (str(path),)
+    registry = get_registry()
+    if target not in registry:
+        raise RegistryError(f"{target}: no such method file, and no registered method of that name")
+    return [registry[target]], ()
+
+
+def _describe(adapter) -> str:
+    return f"NAME={adapter.name!r}, DEFAULTS={adapter.defaults!r} ({adapter.source})"
+
+
+def _load_finding(message: str) -> Finding:
+    fix = next((f for key, f in LOAD_FIXES if key in message),
+               f"an adapter module defines NAME (str), DEFAULTS (dict) and build(ctx, **hparams); see {README}")
+    if "missing" in message:
+        fix = f"define the missing attribute(s) at module level; see {README}"
+    return Finding("load", message, fix)
+
+
+def check_adapter(adapter, method_files=(), regimes=CONTRACT_REGIMES, device: str = "cpu",
+                  label: bool = False) -> tuple[list, list]:
+    """(findings, passed) for one registered adapter under each contract regime."""
+    findings, passed = [], []
+    for regime in regimes:
+        where = f"{adapter.name}, {regime}" if label else regime
+        spec = contract_spec(adapter.name, adapter.defaults, regime)
+        first, probe = _run(spec, method_files, device)
+        if first.status != "ok":
+            findings.append(failure_finding(first, where, method_files))
+            break  # later regimes would repeat the same failure
+        f, p = _inspect(first, probe, spec, where, method_files, device)
+        findings += f
+        passed += p
+    return findings, passed
+
+
+def _run(spec, method_files, device):
+    from ..run.engine import run_one
+
+    probe = Probe()
+    record = run_one(spec, device=device, method_files=tuple(method_files), observer=probe)
+    return record, probe
+
+
+def _inspect(record, probe, spec, where, method_files, device) -> tuple[list, list]:
+    findings, passed = [], []
+    passed.append(f"✓ [{where}] build returned {probe.strategy_type}; {N_TASKS} tasks trained; "
+                  "harness plugins fired")
+    passed.append(f"✓ [{where}] frozen parameters and buffers bitwise unchanged ({probe.frozen_count} "
+                  "frozen tensors)")
+    shape = (len(record.acc_matrix), {len(row) for row in record.acc_matrix})
+    if shape != (N_TASKS, {N_TASKS}):
+        findings.append(Finding("matrix", f"the accuracy matrix is not {N_TASKS}x{N_TASKS}: {record.acc_matrix}",
+                                "the harness evaluates every task after every task; do not alter strategy.train's "
+                                "return or skip experiences", where))
+    else:
+        passed.append(f"✓ [{where}] accuracy matrix is {N_TASKS}x{N_TASKS}")
+    still = [t + 1 for t, changed in enumerate(probe.changed) if not changed]
+    if still:
+        findings.append(Finding("trainable", f"training task(s) {still} changed none of the trainable parameters",
+                                "the strategy must step the optimizer over the trainable parameters: use "
+                                "ctx.optimizer (or ctx.new_optimizer()), keep lr > 0, do not detach the loss",
+                                where))
+    else:
+        passed.append(f"✓ [{where}] trainable parameters changed in every task")
+    second, probe2 = _run(spec, method_files, device)
+    problem = determinism_problem(record, probe, second, probe2)
+    if problem:
+        findings.append(Finding("determinism", f"two runs with seed {spec.seed} differ: {problem}",
+                                "draw randomness only from the global torch/numpy/random generators (the harness "
+                                "seeds them) or from generators seeded with ctx.seed; never random.Random() without "
+                                "a seed, os.urandom, time-based seeds or set/dict-of-id orderings", where))
+    else:
+        passed.append(f"✓ [{where}] same seed, same accuracy matrix and bitwise-equal final parameters")
+    return findings, passed
+
+
+class Probe:
+    """Engine observer: which trainable tensors each task moved; the final model state."""
+
+    def __init__(self):
+        self.before: dict = {}
+        self.changed: list = []
+        self.final: dict = {}
+        self.strategy_type = "?"
+        self.frozen_count = 0
+
+    def __call__(self, event: str, t: int, strategy) -> None:
+        import torch
+
+        from ..run.regimes import frozen_state
+
+        model = strategy.model
+        if event == "before_task":
+            self.strategy_type = type(strategy).__name__
+            self.frozen_count = max(self.frozen_count, len(frozen_state(model)))
+            self.before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+            return
+        current = dict(model.named_parameters())
+        self.changed.append([n for n, v in self.before.items()
+                             if n in current and not torch.equal(current[n].detach(), v)])
+        self.final = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def determinism_problem(first, probe1, second, probe2) -> str:
+    """'' when both runs agree exactly, else what differs."""
+    import torch
+
+    if second.status != "ok":
+        return f"the second run failed ({second.error})"
+    if first.acc_matrix != second.acc_matrix:
+        return f"accuracy matrices {first.acc_matrix} vs {second.acc_matrix}"
+    keys = sorted(set(probe1.final) | set(probe2.final))
+    differ = [k for k in keys if k not in probe1.final or k not in probe2.final
+              or not torch.equal(probe1.final[k], probe2.final[k])]
+    if differ:
+        more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+        return f"final parameters/buffers {', '.join(differ[:3])}{more}"
+    return ""
+
+
+def failure_finding(record, where: str, method_files=()) -> Finding:
+    """The finding for a run that did not finish with status ok."""
+    error = record.error or record.status
+    trace = (record.diagnostics or {}).get("traceback", "")
+    if record.status == "diverged":
+        return Finding("diverged", error, "the loss became NaN/inf on a tiny, easy stream: check the terms "
+                       "your method adds to the loss (scale, divisions by zero, log of 0)", where)
+    for key, check_id, fix in ENGINE_FAILURES:
+        if key in error:
+            return Finding(check_id, error.removeprefix("AdapterError: "), fix, where)
+    at = _location(trace, method_files)
+    if not record.init_acc:  # nothing was evaluated: the failure came before training
+        return Finding("build", f"build() raised {error}{at}",
+                       "build(ctx, **hparams) must construct and return the strategy without errors "
+                       "(it is called with DEFAULTS merged with the protocol's hparams)", where, _tail(trace))
+    return Finding("training", f"training raised {error}{at}",
+                   "the strategy must train on the harness's experiences without errors; see the traceback",
+                   where, _tail(trace))
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+
+
+def _location(trace: str, method_files=()) -> str:
+    frames = list(_FRAME.finditer(trace))
+    if not frames:
+        return ""
+    wanted = {str(Path(f).resolve()) for f in method_files}
+    own = [m for m in frames if str(Path(m["file"]).resolve()) in wanted]
+    m = (own or frames)[-1]
+    return f" at {m['file']}:{m['line']} (in {m['func']})"
+
+
+def _tail(trace: str, lines: int = 6) -> str:
+    return "\n".join(trace.strip().splitlines()[-lines:])
+
+
+def contract_spec(method: str, hparams: dict, regime: str, seed: int = 0):
+    """The RunSpec of one contract run: synthetic 2x2 stream, small-cnn, 1 epoch."""
+    from ..config.specs import DatasetSpec, RunSpec, TrainingSpec
+
+    return RunSpec(protocol="contract", protocol_version="1",
+                   dataset=DatasetSpec(synthetic_dataset(), N_TASKS, CLASSES_PER_TASK, "small-cnn"),
+                   regime=regime, method=method, label="", hparams=dict(hparams), order=0,
+                   class_order=tuple(range(N_TASKS * CLASSES_PER_TASK)), seed=seed, scenario="task-il",
+                   pretrain="first-task", training=TrainingSpec(lr=0.05, momentum=0.9, epochs=1, batch_size=32),
+                   eval_batch_size=256)
+
+
+_DATA: dict = {}
+
+
+def synthetic_dataset() -> str:
+    """`npz:PATH` of the contract's stream, written once per process to a temporary folder."""
+    if "name" not in _DATA:
+        _DATA["dir"] = tempfile.TemporaryDirectory(prefix="cl-bench-contract-")
+        path = Path(_DATA["dir"].name) / "blobs.npz"
+        np.savez(path, **gaussian_blobs())
+        _DATA["name"] = f"npz:{path}"
+    return _DATA["name"]
+
+
+def gaussian_blobs(n_classes: int = N_TASKS * CLASSES_PER_TASK, n_train: int = 48, n_test: int = 16,
+                   seed: int = 0) -> dict:
+    """Class c = a fixed random 1x8x8 pattern plus unit Gaussian noise (seeded, so always the same)."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(0.0, 1.5, size=(n_classes, 1, 8, 8))
+
+    def draw(n):
+        y = np.repeat(np.arange(n_classes), n)
+        return (means[y] + rng.normal(size=(len(y), 1, 8, 8))).astype(np.float32), y
+
+    x_train, y_train = draw(n_train)
+    x_test, y_test = draw(n_test)
+    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}

@@ -1,0 +1,86 @@
+"""Runs specs in a pool of spawned worker processes; a worker that dies is survived."""
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from multiprocessing import get_context
+
+from .base import Executor, init_worker, lost_record, run_spec, threads_per_run
+
+
+class ProcessExecutor(Executor):
+    """Runs specs in `jobs` spawned worker processes, at most `jobs` in flight."""
+
+    name = "process"
+    worker = staticmethod(run_spec)         # what a worker process runs (a test seam)
+    initializer = staticmethod(init_worker)
+
+    def run(self, specs):
+        """Yield one record per spec as workers finish.
+
+        A worker that dies breaks the whole pool (every pending future fails): the pool is
+        rebuilt and the runs it took down are rerun one at a time, which tells the run that
+        kills its worker apart from bystanders; that run becomes a failed record once it has
+        died alone `max_retries` + 1 times.
+        """
+        threads = threads_per_run(self.options, self.jobs)
+        todo, suspects, deaths, pending = deque(specs), deque(), {}, {}
+        pool = self._pool(threads)
+        try:
+            while todo or suspects or pending:
+                queue, limit = (suspects, 1) if suspects else (todo, self.jobs)
+                while queue and len(pending) < limit:
+                    spec = queue.popleft()
+                    pending[pool.submit(self.worker, spec, self.options)] = spec
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                if not any(_broken(f) for f in done):
+                    for future in done:
+                        yield _result_or_failure(future, pending.pop(future))
+                    continue
+                wait(pending)  # a broken pool fails all its futures at once
+                casualties = []
+                for future in list(pending):
+                    spec = pending.pop(future)
+                    if _broken(future):
+                        casualties.append(spec)
+                    else:
+                        yield _result_or_failure(future, spec)
+                pool.shutdown(wait=False, cancel_futures=True)
+                pool = self._pool(threads)
+                yield from self._triage(casualties, suspects, deaths)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def _pool(self, threads: int):
+        return ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn"),
+                                   initializer=self.initializer, initargs=(threads,))
+
+    def _triage(self, casualties: list, suspects: deque, deaths: dict):
+        """Queue the runs a broken pool took down; fail the one that keeps killing its worker."""
+        if len(casualties) > 1:  # any of them may be the culprit: rerun each alone
+            suspects.extend(casualties)
+            return
+        spec = casualties[0]
+        deaths[spec.run_id] = deaths.get(spec.run_id, 0) + 1
+        if deaths[spec.run_id] > self.max_retries:
+            yield lost_record(spec, f"worker process died while running this spec "
+                                      f"({deaths[spec.run_id]} times, alone in its pool)")
+        else:
+            suspects.appendleft(spec)
+
+
+def _broken(future) -> bool:
+    from concurrent.futures.process import BrokenProcessPool
+
+    return future.done() and isinstance(future.exception(), BrokenProcessPool)
+
+
+def _result_or_failure(future, spec):
+    from concurrent.futures.process import BrokenProcessPool
+
+    try:
+        return future.result()
+    except BrokenProcessPool as exc:
+        return lost_record(spec, f"worker process died: {exc}")
+    except Exception as exc:  # the run itself never raises; this is the transport failing
+        return lost_record(spec, f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,177 @@
+"""The method contract, in one place: what an adapter is, what it is given, what it may provide.
+
+- `MethodAdapter`: a registered method (name, defaults, build, metadata, declarations).
+- `MethodContext` (`ctx`): everything the harness hands `build(ctx, **hparams)`.
+- `StrategyHooks`: the optional hooks the harness looks up on the strategy and then on
+  each of its plugins, and the functions the engine calls them through.
+
+Adapters (built-in or submitted) depend on this module only; the engine is the host that
+resolves them by name and drives them through it. See submissions/README.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+
+import torch
+
+from .. import compat  # noqa: F401  (quirks first)
+from ..config.specs import TrainingSpec
+from ..config.vocabulary import OPTIMIZERS
+
+
+@dataclass(frozen=True)
+class MethodAdapter:
+    """A registered method: `build(ctx, **hparams)` returns an Avalanche strategy.
+
+    `prefix_cache`: the method's records are the same with the frozen-prefix cache as
+    without it (declare it only once a test shows it: tests/test_performance_paths.py);
+    `captions`: a short caption per diagnostic key, shown on the leaderboard.
+    """
+
+    name: str
+    defaults: dict
+    build: Callable[..., Any]
+    description: str = ""
+    reference: str = ""
+    source: str = "built-in"
+    family: str = ""
+    prefix_cache: bool = False
+    captions: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class MethodContext:
+    """Everything an adapter needs to build its strategy for one run.
+
+    `model` is already frozen to the run's regime; `optimizer` covers its trainable
+    parameters only (the harness keeps it that way at every task boundary). `plugins` are
+    the harness's own Avalanche plugins: a strategy must include them. `regime_blocks`
+    names the shared blocks the run's regime trains (from task 2 on under first-task
+    pre-training, when task 1 trains everything). `accuracy(model, task)` is the harness's
+    own evaluator (eval mode, the task's head) for diagnostics.
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    criterion: torch.nn.Module
+    train_mb_size: int
+    eval_mb_size: int
+    train_epochs: int
+    device: torch.device
+    plugins: tuple
+    n_tasks: int
+    regime: str
+    pretrain: str
+    scenario: str
+    seed: int
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    # The run's tasks (Task: index, classes, x/y train/test tensors). For diagnostics only
+    # (e.g. BECAME's α-sweep on seen tasks' test data); training uses the experiences.
+    tasks: tuple = ()
+    regime_blocks: tuple[str, ...] = ()
+    accuracy: Callable[[torch.nn.Module, Any], float] | None = None
+
+    def strategy_kwargs(self, *extra_plugins) -> dict:
+        """Keyword arguments every SupervisedTemplate subclass accepts, harness plugins included."""
+        return dict(model=self.model, optimizer=self.optimizer, criterion=self.criterion,
+                    train_mb_size=self.train_mb_size, train_epochs=self.train_epochs,
+                    eval_mb_size=self.eval_mb_size, device=self.device,
+                    plugins=[*self.plugins, *extra_plugins], evaluator=quiet_evaluator())
+
+    def new_optimizer(self, params=None, lr: float | None = None) -> torch.optim.Optimizer:
+        """A fresh optimizer of the protocol's kind (default: over the trainable parameters)."""
+        if params is None:
+            params = [p for p in self.model.parameters() if p.requires_grad]
+        return make_optimizer(self.training, params, lr=lr)
+
+
+def make_optimizer(training: TrainingSpec, params, lr: float | None = None) -> torch.optim.Optimizer:
+    """Build the protocol's optimizer over `params`."""
+    lr = training.lr if lr is None else lr
+    params = list(params)
+    if training.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=training.momentum,
+                               weight_decay=training.weight_decay)
+    if training.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=training.weight_decay)
+    if training.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=training.weight_decay)
+    raise ValueError(f"unknown optimizer {training.optimizer!r}; allowed: {', '.join(OPTIMIZERS)}")
+
+
+def quiet_evaluator():
+    """An Avalanche evaluator with no metrics and no loggers: the harness measures itself."""
+    from avalanche.training.plugins import EvaluationPlugin
+
+    return EvaluationPlugin(loggers=[])
+
+
+# -- the optional hooks ---------------------------------------------------------------------
+# Each is looked up on the strategy, then on each of its plugins in order.
+
+@runtime_checkable
+class EvalModelHook(Protocol):
+    """Provides the model the harness evaluates and measures after a task (default: strategy.model)."""
+
+    def harness_eval_model(self) -> torch.nn.Module | None: ...
+
+
+@runtime_checkable
+class DiagnosticsHook(Protocol):
+    """Provides JSON diagnostics merged into record["diagnostics"] (the full dict, every task)."""
+
+    def harness_diagnostics(self) -> dict: ...
+
+
+@runtime_checkable
+class PrefixCacheDeclaration(Protocol):
+    """Declares (True/False) whether this strategy may train on frozen-prefix features; None: no say."""
+
+    harness_prefix_cache: bool | None
+
+
+@runtime_checkable
+class StoredTensorsHook(Protocol):
+    """Lists the parameter-shaped tensors kept between tasks (memory accounting in tests)."""
+
+    def stored_tensors(self) -> list: ...
+
+
+StrategyHooks = (EvalModelHook, DiagnosticsHook, PrefixCacheDeclaration, StoredTensorsHook)
+# Set by the harness on a strategy with the fast data path: the minibatch-order generator,
+# which a method training in stages may save and restore (see methods/became.py).
+BATCH_GENERATOR_ATTRIBUTE = "harness_batch_generator"
+
+
+def _providers(strategy, hook) -> list:
+    return [obj for obj in (strategy, *getattr(strategy, "plugins", ())) if isinstance(obj, hook)]
+
+
+def evaluated_model(strategy) -> torch.nn.Module:
+    """What the first `harness_eval_model()` returns, else (no provider, or None) the strategy's model."""
+    providers = _providers(strategy, EvalModelHook)
+    model = providers[0].harness_eval_model() if providers else None
+    return strategy.model if model is None else model
+
+
+def collect_diagnostics(strategy) -> dict:
+    """Every `harness_diagnostics()` of the strategy and its plugins, merged in order."""
+    merged: dict = {}
+    for obj in _providers(strategy, DiagnosticsHook):
+        merged.update(obj.harness_diagnostics() or {})
+    return merged
+
+
+def declared_prefix_cache(strategy) -> bool | None:
+    """The first non-None `harness_prefix_cache` declaration, else None."""
+    for obj in _providers(strategy, PrefixCacheDeclaration):
+        if obj.harness_prefix_cache is not None:
+            return bool(obj.harness_prefix_cache)
+    return None
+
+
+def stored_tensors(strategy) -> list:
+    """Every tensor the strategy's `stored_tensors()` providers keep between tasks."""
+    return [t for obj in _providers(strategy, StoredTensorsHook) for t in obj.stored_tensors()]

@@ -1,0 +1,188 @@
+"""The one method registry: built-ins, `submissions/`, explicit files and entry points."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import pkgutil
+import sys
+from pathlib import Path
+
+from ..config.errors import UserError
+from ..config.paths import submission_files, submissions_dir
+from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN
+from .contract import MethodAdapter
+
+# Modules of this package that are the machinery, not method families.
+INFRASTRUCTURE = frozenset({"contract", "registry", "index"})
+
+class RegistryError(UserError, ValueError):
+    """A method module is unusable; the message names the file and the reason."""
+
+
+def adapters_from_module(module, source: str) -> list[MethodAdapter]:
+    """The adapters a module defines (`ADAPTERS`, or the `NAME`/`DEFAULTS`/`build` form)."""
+    if isinstance(module, MethodAdapter):  # an entry point may name an adapter object directly
+        return [validate_adapter(module, source)]
+    if hasattr(module, "ADAPTERS"):
+        adapters = module.ADAPTERS
+        if not isinstance(adapters, (list, tuple)) or not all(isinstance(a, MethodAdapter) for a in adapters):
+            raise RegistryError(f"{source}: ADAPTERS must be a tuple of harness.methods.contract.MethodAdapter")
+        return [validate_adapter(a, source) for a in adapters]
+    missing = [a for a in ("NAME", "DEFAULTS", "build") if not hasattr(module, a)]
+    if missing:
+        raise RegistryError(f"{source}: missing {', '.join(missing)}; an adapter module defines "
+                            "NAME (str), DEFAULTS (dict) and build(ctx, **hparams)")
+    adapter = MethodAdapter(module.NAME, module.DEFAULTS, module.build, source=source,
+                            description=str(getattr(module, "DESCRIPTION", "") or (module.__doc__ or "").strip().split("\n")[0]),
+                            reference=str(getattr(module, "REFERENCE", "")),
+                            family=str(getattr(module, "FAMILY", "submission")),
+                            prefix_cache=getattr(module, "PREFIX_CACHE", False),
+                            captions=getattr(module, "CAPTIONS", {}))
+    adapter = validate_adapter(adapter, source)
+    return [dataclasses.replace(adapter, defaults=dict(adapter.defaults), captions=dict(adapter.captions))]
+
+
+def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
+    """Check NAME, DEFAULTS and build's signature; every problem names the source."""
+    name, defaults, build = adapter.name, adapter.defaults, adapter.build
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise RegistryError(f"{source}: NAME must be a string of letters, digits, '.', '_', '-' "
+                            f"(starting with a letter or digit), got {name!r}")
+    if not isinstance(defaults, dict) or not all(isinstance(k, str) for k in defaults):
+        raise RegistryError(f"{source}: DEFAULTS must be a dict with string keys, got {type(defaults).__name__}")
+    try:  # hyperparameters are part of the run spec, which is hashed as JSON
+        json.dumps(defaults, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise RegistryError(f"{source}: DEFAULTS of {name!r} must hold plain JSON values "
+                            f"(numbers, strings, booleans, None, lists, dicts): {exc}") from None
+    if not callable(build):
+        raise RegistryError(f"{source}: build must be a function build(ctx, **hparams), got {type(build).__name__}")
+    _check_signature(build, defaults, name, source)
+    if not isinstance(adapter.prefix_cache, bool):
+        raise RegistryError(f"{source}: PREFIX_CACHE of {name!r} must be True or False, got {adapter.prefix_cache!r}")
+    captions = adapter.captions
+    if not hasattr(captions, "items") or not all(isinstance(k, str) and isinstance(v, str) for k, v in captions.items()):
+        raise RegistryError(f"{source}: CAPTIONS of {name!r} must map diagnostic keys to strings")
+    return adapter
+
+
+def _check_signature(build, defaults: dict, name: str, source: str) -> None:
+    try:
+        signature = inspect.signature(build)
+    except (TypeError, ValueError):  # builtins/C callables: nothing to check
+        return
+    try:
+        signature.bind(object(), **defaults)
+    except TypeError as exc:
+        raise RegistryError(f"{source}: build{signature} of {name!r} cannot be called as "
+                            f"build(ctx, **DEFAULTS) ({exc}); accept ctx first and every DEFAULTS key "
+                            "as a keyword") from None
+
+
+def load_module_file(path: str | Path):
+    """Import a Python file as a private module; import errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise RegistryError(f"{path}: no such method file")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    mod_name = f"cl_bench_submission_{path.stem.replace('-', '_')}_{digest}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise RegistryError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except Exception as exc:  # the module's own import-time failure
+        raise RegistryError(f"{path}: import failed: {type(exc).__name__}: {exc}") from None
+    sys.modules[mod_name] = module
+    return module
+
+
+def file_sha256(path: str | Path) -> str:
+    """Full sha256 of a file (recorded as a submission's provenance)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def builtin_modules():
+    """(module, source) of every built-in method family module of this package."""
+    package = __name__.rsplit(".", 1)[0]
+    for info in pkgutil.iter_modules(sys.modules[package].__path__):
+        if not info.name.startswith("_") and info.name not in INFRASTRUCTURE:
+            yield importlib.import_module(f"{package}.{info.name}"), f"{package}.{info.name}"
+
+
+def _entry_point_modules():
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            yield ep.load(), f"entry point {ep.name} ({ep.value})"
+        except Exception as exc:
+            raise RegistryError(f"entry point {ep.name} ({ep.value}): import failed: "
+                                f"{type(exc).__name__}: {exc}") from None
+
+
+def discover(extra_files=(), include_submissions: bool = True, include_entry_points: bool = True) -> dict[str, MethodAdapter]:
+    """Build the registry; a name defined twice fails loudly with both sources."""
+    # A file reached twice (submissions/ and --method, or an installed entry point's own file)
+    # counts once.
+    seen: set = set()
+    sources = _remember(list(builtin_modules()), seen)
+    if include_submissions:
+        sources += _file_modules(submission_files(), seen)
+    if include_entry_points:
+        sources += _remember(list(_entry_point_modules()), seen)
+    sources += _file_modules(extra_files, seen)
+    registry: dict[str, MethodAdapter] = {}
+    origin: dict[str, str] = {}
+    for module, source in sources:
+        for adapter in adapters_from_module(module, source):
+            if adapter.name in registry:
+                raise RegistryError(f"{source}: method name {adapter.name!r} is already defined by "
+                                    f"{origin[adapter.name]}; choose another NAME")
+            registry[adapter.name], origin[adapter.name] = adapter, source
+    return registry
+
+
+def _remember(sources: list, seen: set) -> list:
+    for module, _ in sources:
+        if isinstance(getattr(module, "__file__", None), str):
+            seen.add(Path(module.__file__).resolve())
+    return sources
+
+
+def _file_modules(paths, seen: set) -> list:
+    out = []
+    for path in map(Path, paths):
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            out.append((load_module_file(path), str(path)))
+    return out
+
+
+_CACHE: dict = {}
+
+
+def get_registry(extra_files=()) -> dict[str, MethodAdapter]:
+    """The registry for this process (cached per set of extra files)."""
+    # File contents are part of the key: an edited method file is re-read, not served stale.
+    files = [*submission_files(), *map(Path, extra_files)]
+    key = (tuple(str(p) for p in extra_files), str(submissions_dir().resolve()),
+           tuple(_stamp(p) for p in files))
+    if key not in _CACHE:
+        _CACHE[key] = discover(extra_files)
+    return _CACHE[key]
+
+
+def _stamp(path: Path):
+    try:
+        st = path.stat()
+    except OSError:
+        return (str(path), None)
+    return (str(path), st.st_mtime_ns, st.st_size)

@@ -1,0 +1,1 @@
+"""Outputs: MLflow tracking, exports (CSV/Parquet) and the static leaderboard site."""

@@ -1,0 +1,384 @@
+"""Static HTML leaderboard: analysis tables -> jinja2 templates (autoescaped) -> a folder of pages.
+
+Self-contained: CSS, SVG and the sort script are inlined, links are relative, so the site
+opens from file:// and can be copied anywhere. Chart geometry is computed here as plain
+numbers; the templates (leaderboard/templates/) only draw it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+
+from ..analysis.frame import percent_scale, regime_order
+from ..analysis.tables import analyse, headline
+from ..config.paths import REPOSITORY
+from ..config.specs import RunRecord
+from ..execution.reproduce import reproduce_command
+
+TEMPLATES = REPOSITORY / "leaderboard" / "templates"
+# One colour per regime, light (shallow) to dark (deep): depth reads as intensity.
+REGIME_COLOURS = ("#f4a259", "#e76f51", "#b5446e", "#6a4c93", "#1d3557", "#0b132b")
+METHOD_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+
+def slug(name: str) -> str:
+    """File-name-safe, collision-free slug of any string (readable prefix + short hash)."""
+    base = re.sub(r"[^A-Za-z0-9]+", "-", str(name)).strip("-").lower()[:40] or "x"
+    return f"{base}-{hashlib.sha1(str(name).encode()).hexdigest()[:6]}"
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+                             autoescape=True, trim_blocks=True, lstrip_blocks=True,
+                             undefined=jinja2.StrictUndefined)
+    env.filters.update(num=_num, pct=lambda x, s=100.0: _num(x * s if _ok(x) else x, 1),
+                       slug=slug, tojson_compact=lambda v: json.dumps(v, default=str))
+    return env
+
+
+def _ok(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _num(x, digits: int = 3) -> str:
+    """Fixed-point text, or an em dash for missing values."""
+    return f"{x:.{digits}f}" if _ok(x) else "—"
+
+
+def _clean(v):
+    """JSON-safe scalar (NaN -> None, numpy -> Python)."""
+    if hasattr(v, "item"):
+        v = v.item()
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _records_of(df: pd.DataFrame) -> list[dict]:
+    return [{k: _clean(v) for k, v in row.items()} for row in df.to_dict("records")]
+
+
+class _Writer:
+    """Writes pages and their downloadable tables, and remembers what it wrote."""
+
+    def __init__(self, out: Path, env: jinja2.Environment, base: dict):
+        self.out, self.env, self.base = out, env, base
+        (out / "data").mkdir(parents=True, exist_ok=True)
+        (out / "runs").mkdir(exist_ok=True)
+        self.pages: list[Path] = []
+
+    def table(self, df: pd.DataFrame, stem: str) -> dict:
+        """Write df as data/<stem>.csv and .json; return the relative links."""
+        df.to_csv(self.out / "data" / f"{stem}.csv", index=False)
+        (self.out / "data" / f"{stem}.json").write_text(json.dumps(_records_of(df), default=str))
+        return {"csv": f"data/{stem}.csv", "json": f"data/{stem}.json"}
+
+    def page(self, template: str, rel: str, **ctx) -> Path:
+        path = self.out / rel
+        root = "../" * rel.count("/")
+        html = self.env.get_template(template).render(**self.base, root=root, **ctx)
+        path.write_text(html, encoding="utf-8")
+        self.pages.append(path)
+        return path
+
+
+def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | None = None) -> Path:
+    """Render the whole leaderboard for a list of records; returns index.html's path."""
+    out = Path(out_dir)
+    tables = analyse(records)
+    frame = tables["runs"]
+    regimes = regime_order(frame)
+    base = {"protocol": _protocol(records), "scale": percent_scale(frame), "regimes": regimes,
+            "regime_colour": {r: REGIME_COLOURS[min(i, len(REGIME_COLOURS) - 1)] for i, r in enumerate(regimes)},
+            "datasets": sorted(frame["dataset"].unique()), "methods": sorted(frame["method"].unique()),
+            "results_dir": results_dir}
+    w = _Writer(out, _env(), base)
+    index = _overview(w, tables, records)
+    for ds in base["datasets"]:
+        _dataset_page(w, tables, ds)
+    for m in base["methods"]:
+        _method_page(w, tables, records, m)
+    for rec in records:
+        _run_page(w, rec, base)
+    return index
+
+
+def _protocol(records) -> dict:
+    names = sorted({r.spec.protocol for r in records})
+    versions = sorted({r.spec.protocol_version for r in records})
+    return {"name": ", ".join(names), "version": ", ".join(versions), "cli_name": names[0] if names else ""}
+
+
+def site_summary_line(path) -> str:
+    """One line for the terminal: where the site is and how many pages it has."""
+    p = Path(path)
+    index = p / "index.html" if p.is_dir() else p
+    n = sum(1 for _ in index.parent.rglob("*.html"))
+    return f"leaderboard: {index.resolve()} ({n} pages; open it in a browser, no server needed)"
+
+
+# ---------------------------------------------------------------- overview
+
+def _overview(w: _Writer, t: dict, records) -> Path:
+    frame = t["runs"]
+    status = frame.groupby(["dataset", "status"]).size().unstack(fill_value=0)
+    gr = t["global_ranks"]
+    ctx = {
+        "title": "Overview", "n_runs": len(frame),
+        "status_counts": frame["status"].value_counts().to_dict(),
+        "status_table": [{"dataset": ds, **{k: int(v) for k, v in row.items()}} for ds, row in status.iterrows()],
+        "statuses": list(status.columns),
+        "headline": headline(t),
+        "global": {rg: _records_of(sub) for rg, sub in gr.groupby("regime", sort=False)},
+        "global_chart": _rank_whiskers(gr, w.base["regimes"]),
+        "failed": _records_of(frame[frame["status"] != "ok"][["run_id", "dataset", "regime", "method", "order", "seed", "status", "error"]]),
+        "w_regimes": _records_of(t["w_regimes"]),
+        "downloads": {"global ranking": w.table(gr, "global_ranks"), "coverage": w.table(t["coverage"], "coverage"),
+                      "all runs": w.table(frame, "runs"), "agreement (W across regimes)": w.table(t["w_regimes"], "w_regimes")},
+    }
+    return w.page("index.html", "index.html", **ctx)
+
+
+def _rank_whiskers(gr: pd.DataFrame, regimes) -> dict:
+    """Mean rank with CI whiskers, one row per (regime, method)."""
+    rows = _records_of(gr)
+    kmax = max([r["rank_hi"] or 1 for r in rows] + [2])
+    return {"rows": rows, "kmax": math.ceil(kmax), "regimes": regimes}
+
+
+# ---------------------------------------------------------------- dataset page
+
+def _dataset_page(w: _Writer, t: dict, ds: str) -> Path:
+    sel = {k: v[v["dataset"] == ds] for k, v in t.items() if "dataset" in v.columns}
+    s = slug(ds)
+    regs = [r for r in w.base["regimes"] if r in set(sel["methods"]["regime"])]
+    ctx = {
+        "title": ds, "dataset": ds, "regs": regs,
+        "rows": _records_of(sel["methods"]),
+        "tau": _heatmap(sel["tau"], regs),
+        "rank_shift": _rank_shift(sel["methods"], regs),
+        "scatter": _scatter(sel["runs"], sel["norm_forgetting"], regs),
+        "profile": _records_of(sel["depth_profile"]),
+        "trend": _records_of(sel["depth_trend"]),
+        "cd": _cd_diagrams(sel["methods"], sel["friedman"], regs),
+        "friedman": _records_of(sel["friedman"]), "w_orders": _records_of(sel["w_orders"]),
+        "w_regimes": _records_of(sel["w_regimes"]), "reversals": _records_of(sel["reversals"]),
+        "reversal_summary": _records_of(sel["reversal_summary"]),
+        "norm_forgetting": _records_of(sel["norm_forgetting"]), "step_level": _records_of(sel["step_level"]),
+        "downloads": {name: w.table(sel[key], f"{s}-{key}") for name, key in (
+            ("method x regime", "methods"), ("Kendall tau", "tau"), ("rank reversals", "reversals"),
+            ("Friedman + CD", "friedman"), ("W across orders", "w_orders"),
+            ("norm vs forgetting", "norm_forgetting"), ("depth profile", "depth_profile"),
+            ("depth trend", "depth_trend"), ("step level", "step_level"), ("runs", "runs"))},
+    }
+    return w.page("dataset.html", f"dataset-{s}.html", **ctx)
+
+
+def _heatmap(tau: pd.DataFrame, regs) -> dict:
+    cells = []
+    for i, a in enumerate(regs):
+        for j, b in enumerate(regs):
+            row = tau[(tau["regime_a"] == a) & (tau["regime_b"] == b)]
+            v = _clean(row["tau"].iloc[0]) if len(row) else None
+            p = _clean(row["p"].iloc[0]) if len(row) else None
+            cells.append({"i": i, "j": j, "v": v, "p": p, "fill": _diverging(v),
+                          "n": int(row["n_methods"].iloc[0]) if len(row) else 0})
+    return {"cells": cells, "regs": regs}
+
+
+def _diverging(v) -> str:
+    """Blue for agreement (+1), red for reversal (-1), white for none; grey when undefined."""
+    if v is None:
+        return "#e5e5e5"
+    a = min(abs(v), 1.0)
+    base = (33, 102, 172) if v >= 0 else (178, 24, 43)
+    r, g, b = (round(255 + (c - 255) * a) for c in base)
+    return f"rgb({r},{g},{b})"
+
+
+def _rank_shift(mt: pd.DataFrame, regs) -> dict:
+    lines = []
+    methods = sorted(mt["method"].unique())
+    for k, m in enumerate(methods):
+        sub = mt[mt["method"] == m].set_index("regime")
+        pts = [{"x": i, "y": _clean(sub.at[r, "mean_rank"]) if r in sub.index else None} for i, r in enumerate(regs)]
+        lines.append({"method": m, "colour": METHOD_COLOURS[k % len(METHOD_COLOURS)], "pts": pts})
+    kmax = max([p["y"] for ln in lines for p in ln["pts"] if p["y"] is not None] + [2])
+    return {"lines": lines, "regs": regs, "kmax": math.ceil(kmax)}
+
+
+def _scatter(runs: pd.DataFrame, nf: pd.DataFrame, regs) -> list[dict]:
+    ok = runs[(runs["status"] == "ok")].dropna(subset=["mean_update_norm", "forgetting"])
+    panels = []
+    for r in regs:
+        sub = ok[ok["regime"] == r]
+        stat = nf[nf["regime"] == r]
+        pts = list(zip(sub["mean_update_norm"].tolist(), sub["forgetting"].tolist()))[:600]
+        panels.append({"regime": r, "pts": pts, "stat": _records_of(stat)[0] if len(stat) else None,
+                       "xr": _range([p[0] for p in pts]), "yr": _range([p[1] for p in pts])})
+    return panels
+
+
+def _range(v) -> list[float]:
+    if not v:
+        return [0.0, 1.0]
+    lo, hi = min(v), max(v)
+    pad = (hi - lo) * 0.05 or abs(hi) * 0.05 or 1.0
+    return [lo - pad, hi + pad]
+
+
+def _cd_diagrams(mt: pd.DataFrame, fr: pd.DataFrame, regs) -> list[dict]:
+    out = []
+    for r in regs:
+        f = fr[fr["regime"] == r]
+        sub = mt[(mt["regime"] == r) & mt["mean_rank"].notna()].sort_values("mean_rank")
+        if f.empty or sub.empty:
+            continue
+        f = _records_of(f)[0]
+        ranks = list(zip(sub["method"], sub["mean_rank"].astype(float)))
+        out.append({"regime": r, "k": len(ranks), "ranks": ranks, "cd": f["cd"], "f": f,
+                    "cliques": _cliques([v for _, v in ranks], f["cd"])})
+    return out
+
+
+def _cliques(sorted_ranks: list[float], cd) -> list[tuple[int, int]]:
+    """Maximal runs of methods whose mean ranks differ by less than CD (not significantly different)."""
+    if cd is None or len(sorted_ranks) < 2:
+        return []
+    spans = []
+    for i in range(len(sorted_ranks)):
+        j = i
+        while j + 1 < len(sorted_ranks) and sorted_ranks[j + 1] - sorted_ranks[i] < cd:
+            j += 1
+        if j > i and not any(a <= i and j <= b for a, b in spans):
+            spans.append((i, j))
+    return spans
+
+
+# ---------------------------------------------------------------- method page
+
+def _method_page(w: _Writer, t: dict, records, m: str) -> Path:
+    mine = [r for r in records if r.method == m]
+    hparams = sorted({json.dumps(r.spec.hparams, sort_keys=True, default=str) for r in mine})
+    subs = sorted({json.dumps(r.submission, sort_keys=True) for r in mine if r.submission})
+    mt = t["methods"][t["methods"]["method"] == m]
+    names = sorted({r.spec.method for r in mine})
+    ctx = {"title": m, "method": m, "names": names,
+           "hparams": [json.loads(h) for h in hparams], "submissions": [json.loads(s) for s in subs],
+           "rows": _records_of(mt), "diagnostics": _diagnostics(mine, w.base["regimes"], _captions(names)),
+           "runs": _records_of(t["runs"][t["runs"]["method"] == m][["run_id", "dataset", "regime", "order", "seed", "status", "acc", "forgetting"]]),
+           "downloads": {"per-regime results": w.table(mt, f"method-{slug(m)}")}}
+    return w.page("method.html", f"method-{slug(m)}.html", **ctx)
+
+
+def _series(v) -> list | None:
+    """A list of numbers (None allowed), or None when v is not such a list."""
+    if isinstance(v, list) and v and all(x is None or _ok(x) for x in v):
+        return [float(x) if x is not None else None for x in v]
+    return None
+
+
+def _captions(method_names) -> dict:
+    """Diagnostic captions the adapters declare (methods.index: no torch import when cached)."""
+    from ..methods.index import method_infos
+
+    try:
+        infos = {m["name"]: m for m in method_infos()}
+    except Exception:  # a broken submission must not stop the site: captions are decoration
+        return {}
+    return {k: v for n in method_names for k, v in (infos.get(n, {}).get("captions") or {}).items()}
+
+
+def _caption(name: str, captions: dict) -> str:
+    """The caption of a diagnostic series `key`, `key[i]`, `key.sub` or `key (mean of n)`."""
+    base = name.split("[")[0].split(" (")[0].split(".")[0]
+    return captions.get(name) or captions.get(base, "")
+
+
+def _diagnostics(mine: list[RunRecord], regimes, captions: dict | None = None) -> list[dict]:
+    """Mean of each numeric diagnostic per (dataset, regime, key), elementwise over runs."""
+    acc: dict = {}
+    for r in mine:
+        if not r.ok:
+            continue
+        key0 = (r.dataset, r.spec.regime)
+        for k, v in (r.diagnostics or {}).items():
+            for name, series in _flatten(k, v):
+                acc.setdefault(name, {}).setdefault(key0, []).append(series)
+    out = []
+    pos = {r: i for i, r in enumerate(regimes)}
+    for name in sorted(acc):
+        rows = []
+        for (ds, rg), lst in sorted(acc[name].items(), key=lambda kv: (kv[0][0], pos.get(kv[0][1], 99))):
+            rows.append({"dataset": ds, "regime": rg, "n": len(lst), "values": _elementwise_mean(lst)})
+        out.append({"name": name, "rows": rows, "width": max(len(r["values"]) for r in rows),
+                    "caption": _caption(name, captions or {})})
+    return out
+
+
+def _flatten(k: str, v) -> list[tuple[str, list]]:
+    """Numeric diagnostics as named series: a number, a list of numbers, or a list of such lists."""
+    if _ok(v):
+        return [(k, [float(v)])]
+    s = _series(v)
+    if s is not None:
+        return [(k, s)]
+    if isinstance(v, list) and v and all(_series(x) is not None for x in v):
+        return [(f"{k}[{i}]", _series(x)) for i, x in enumerate(v)] if len(v) <= 4 else \
+            [(f"{k} (mean of {len(v)})", _elementwise_mean([_series(x) for x in v]))]
+    if isinstance(v, dict):
+        return [pair for kk, vv in v.items() for pair in _flatten(f"{k}.{kk}", vv)]
+    return []
+
+
+def _elementwise_mean(lists: list[list]) -> list:
+    width = max(len(x) for x in lists)
+    out = []
+    for i in range(width):
+        vals = [x[i] for x in lists if i < len(x) and x[i] is not None]
+        out.append(sum(vals) / len(vals) if vals else None)
+    return out
+
+
+# ---------------------------------------------------------------- run page
+
+def _run_page(w: _Writer, rec: RunRecord, base: dict) -> Path:
+    rid = rec.run_id
+    norms = rec.update_norms or {}
+    ctx = {"title": f"run {rid}", "rec": rec, "spec": rec.spec.to_dict(),
+           "cmd": reproduce_command(rec.spec.protocol, rid, base["results_dir"]),
+           "method": rec.method, "dataset": rec.dataset,
+           "matrix": _matrix_cells(rec.acc_matrix or []),
+           "norm_rows": _norm_rows(norms), "shared": _series(norms.get("shared")) or [],
+           "metrics": rec.metrics or {}, "diagnostics": [
+               (name, s) for k, v in (rec.diagnostics or {}).items() for name, s in _flatten(k, v)]}
+    return w.page("run.html", f"runs/{slug(rid)}.html", **ctx)
+
+
+def _matrix_cells(R: list) -> dict:
+    cells = []
+    for i, row in enumerate(R):
+        for j, v in enumerate(row or []):
+            v = v if _ok(v) else None
+            a = 0.0 if v is None else max(0.0, min(1.0, v if v <= 1.5 else v / 100))
+            cells.append({"i": i, "j": j, "v": v, "fill": _sequential(a) if v is not None else "#e5e5e5",
+                          "dark": a > 0.6})
+    n = max([len(R)] + [len(r or []) for r in R])
+    return {"cells": cells, "rows": len(R), "cols": n}
+
+
+def _sequential(a: float) -> str:
+    """White -> dark teal for accuracy 0 -> 1."""
+    lo, hi = (247, 252, 253), (0, 88, 100)
+    return "rgb({},{},{})".format(*(round(l + (h - l) * a) for l, h in zip(lo, hi)))
+
+
+def _norm_rows(norms: dict) -> list[tuple[str, list]]:
+    rows = [(k, _series(norms.get(k))) for k in ("shared", "relative", "step_forgetting")]
+    rows += [(f"block {b}", _series(v)) for b, v in (norms.get("per_block") or {}).items()]
+    return [(k, v) for k, v in rows if v is not None]

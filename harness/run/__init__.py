@@ -1,0 +1,1 @@
+"""Running one spec: data sets, task streams, backbones, regimes, the engine and what it measures."""

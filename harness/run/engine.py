@@ -1,0 +1,234 @@
+"""run_one(RunSpec) -> RunRecord: train task after task, measure every method alike."""
+from __future__ import annotations
+
+import random
+import time
+import traceback
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .. import compat  # noqa: F401
+from ..config.specs import RunRecord, RunSpec, failed_record
+from ..config.vocabulary import regime_depth
+from ..methods import contract
+from ..methods.contract import MethodContext, make_optimizer
+from ..methods.registry import get_registry
+from .datasets import load_dataset
+from .evaluation import evaluate_tasks, task_accuracy
+from .metrics import all_metrics, step_forgetting
+from .models import build_model, shared_named_parameters, trainable_block_names
+from .norms import snapshot, update_norms
+from .plugins import DivergedError, HarnessPlugin
+from .provenance import provenance
+from .regimes import apply_regime, changed_frozen, frozen_state, trainable_blocks
+from .speedups import eval_function, install_speedups
+from .streams import split_tasks, to_avalanche
+
+
+class AdapterError(RuntimeError):
+    """The adapter broke the harness contract (wrong return type, plugins dropped, …)."""
+
+
+@dataclass
+class _Progress:
+    """What a run has measured so far; a failure keeps everything measured before it."""
+
+    rows: list = field(default_factory=list)
+    init_acc: list = field(default_factory=list)
+    snapshots: list = field(default_factory=list)
+    per_task_s: list = field(default_factory=list)
+    eval_s: float = 0.0
+    diagnostics: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)
+    n_blocks: int | None = None
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """`auto` picks CUDA when available, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available; use --device cpu or auto")
+    return torch.device(device)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA) RNGs."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def run_one(spec: RunSpec, *, data_dir: str | None = None, download: bool = False,
+            device: str = "auto", method_files=(), submission: dict | None = None,
+            observer=None) -> RunRecord:
+    """Run one spec; any exception or divergence becomes a record, never a crash.
+
+    `submission` ({"file", "sha256"}) goes into the record's provenance (not the run id);
+    `observer(event, t, strategy)` is called with "before_task"/"after_task" around each
+    task's training (the contract check uses it to look at the model).
+    """
+    started = time.perf_counter()
+    progress = _Progress()
+    status, error = "ok", None
+    dev = resolve_device(device)
+    try:
+        _execute(spec, progress, data_dir, download, dev, method_files, observer)
+    except DivergedError as exc:
+        status, error = "diverged", str(exc)
+    except Exception as exc:  # a failing method is a result, not a crash of the sweep
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        progress.diagnostics["traceback"] = "".join(traceback.format_exc(limit=-6))
+    return _record(spec, progress, status, error, time.perf_counter() - started, dev, submission)
+
+
+def _execute(spec, progress, data_dir, download, device, method_files, observer=None) -> None:
+    seed_everything(spec.seed)
+    data = load_dataset(spec.dataset.name, data_dir, download)
+    tasks = split_tasks(data, spec.class_order, spec.dataset.n_tasks,
+                        spec.dataset.classes_per_task, spec.scenario)
+    model = build_run_model(spec, data.input_shape).to(device)
+    progress.n_blocks = len(trainable_block_names(model))
+    progress.params = _param_counts(model, spec.regime)
+    first_regime = "full" if spec.pretrain == "first-task" else spec.regime
+    apply_regime(model, first_regime)
+    harness_plugin = HarnessPlugin()
+    strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks)
+    evaluate = eval_function()
+    progress.init_acc = _timed_eval(model, tasks, spec, device, progress, evaluate)
+    for t, experience in enumerate(to_avalanche(tasks).train_stream):
+        t0 = time.perf_counter()
+        apply_regime(strategy.model, first_regime if t == 0 else spec.regime)
+        before = frozen_state(strategy.model)
+        if observer:
+            observer("before_task", t, strategy)
+        strategy.train(experience)
+        _check_frozen(strategy.model, before, spec.regime)
+        if harness_plugin.iterations == 0:
+            raise AdapterError("the strategy never called the harness plugins: build the strategy "
+                               "with **ctx.strategy_kwargs() or pass plugins=list(ctx.plugins)")
+        evaluated = contract.evaluated_model(strategy)
+        progress.per_task_s.append(time.perf_counter() - t0)
+        progress.rows.append(_timed_eval(evaluated, tasks, spec, device, progress, evaluate))
+        progress.snapshots.append(snapshot(shared_named_parameters(evaluated)))
+        progress.diagnostics.update(contract.collect_diagnostics(strategy))
+        if observer:
+            observer("after_task", t, strategy)
+
+
+def _check_frozen(model, before: dict, regime: str) -> None:
+    changed = changed_frozen(model, before)
+    if changed:
+        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        raise AdapterError(f"frozen parameters/buffers changed under regime {regime!r}: {shown}; a method "
+                           "must leave frozen blocks alone (no requires_grad changes, no in-place updates)")
+
+
+def build_run_model(spec: RunSpec, input_shape):
+    """The spec's backbone with its heads (one per task in task-IL, one in class-IL)."""
+    task_il = spec.scenario == "task-il"
+    n_tasks, cpt = spec.dataset.n_tasks, spec.dataset.classes_per_task
+    return build_model(spec.dataset.model, input_shape, n_heads=n_tasks if task_il else 1,
+                       head_classes=cpt if task_il else n_tasks * cpt)
+
+
+def _build_strategy(spec, model, harness_plugin, device, method_files, tasks=()):
+    from avalanche.training.templates import BaseTemplate
+
+    adapter = get_registry(method_files)[spec.method]
+    ctx = MethodContext(
+        model=model, optimizer=make_optimizer(spec.training, (p for p in model.parameters() if p.requires_grad)),
+        criterion=torch.nn.CrossEntropyLoss(), train_mb_size=spec.training.batch_size,
+        eval_mb_size=spec.eval_batch_size, train_epochs=spec.training.epochs, device=device,
+        plugins=(harness_plugin,), n_tasks=spec.dataset.n_tasks, regime=spec.regime,
+        pretrain=spec.pretrain, scenario=spec.scenario, seed=spec.seed, training=spec.training,
+        tasks=tuple(tasks), regime_blocks=tuple(trainable_blocks(model, spec.regime)),
+        accuracy=_accuracy_function(device, spec.eval_batch_size))
+    strategy = adapter.build(ctx, **{**adapter.defaults, **spec.hparams})
+    if not isinstance(strategy, BaseTemplate):
+        raise AdapterError(f"build() of {spec.method!r} returned {type(strategy).__name__}, "
+                           "not an Avalanche strategy (a SupervisedTemplate subclass)")
+    keep_optimizer_on_trainable(strategy)
+    install_speedups(strategy, adapter, tasks, spec.seed, spec.eval_batch_size)
+    return strategy
+
+
+def keep_optimizer_on_trainable(strategy) -> None:
+    """Make the strategy's per-task optimizer reset keep only trainable parameters.
+
+    Avalanche's default re-adds every model parameter at each task boundary; frozen
+    parameters must be absent from the optimizer (weight decay or momentum would move them).
+    Optimizer state (momentum) is reset at every task boundary.
+    """
+    def make_optimizer(**kwargs):
+        trainable = [(n, p) for n, p in strategy.model.named_parameters() if p.requires_grad]
+        groups = strategy.optimizer.param_groups
+        groups[0]["params"] = [p for _, p in trainable]
+        del groups[1:]
+        strategy.optimizer.state = defaultdict(dict)
+        strategy.optimized_param_id = dict(trainable)
+
+    strategy.make_optimizer = make_optimizer
+
+
+def _accuracy_function(device, batch_size: int):
+    """ctx.accuracy: the harness's accuracy of a model on one task's test set (eval mode)."""
+    def accuracy(model, task) -> float:
+        was_training = model.training
+        model.eval()
+        try:
+            return task_accuracy(model, task.x_test, task.y_test, task.index, batch_size, device)
+        finally:
+            model.train(was_training)
+    return accuracy
+
+
+def _timed_eval(model, tasks, spec, device, progress, evaluate=evaluate_tasks) -> list:
+    t0 = time.perf_counter()
+    accs = evaluate(model, tasks, spec.eval_batch_size, device)
+    progress.eval_s += time.perf_counter() - t0
+    return accs
+
+
+def _param_counts(model, regime: str) -> dict:
+    """Trainable/total parameter counts under the run's regime (heads always train)."""
+    train = set(trainable_blocks(model, regime))
+    total = sum(p.numel() for p in model.parameters())
+    heads = sum(p.numel() for p in model.heads.parameters())
+    blocks = sum(p.numel() for n in train for p in model.blocks[n].parameters())
+    per_head = heads // max(len(model.heads), 1)
+    return {"trainable": blocks + heads, "total": total, "trainable_shared": blocks,
+            "per_head": per_head}
+
+
+def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
+            submission: dict | None = None) -> RunRecord:
+    T = spec.dataset.n_tasks
+    rows = progress.rows
+    if status == "ok" and len(rows) != T:
+        status, error = "failed", f"only {len(rows)} of {T} tasks were evaluated"
+    norms = update_norms(progress.snapshots) if progress.snapshots else {}
+    if rows and len(rows) == T:
+        norms["step_forgetting"] = step_forgetting(np.asarray(rows))
+    n_blocks = progress.n_blocks
+    measured = dict(
+        acc_matrix=rows, init_acc=progress.init_acc, update_norms=norms, diagnostics=progress.diagnostics,
+        params=progress.params, n_blocks=n_blocks,
+        regime_depth=regime_depth(spec.regime, n_blocks) if n_blocks is not None else None,
+        timings={"total_s": total_s, "train_s": float(sum(progress.per_task_s)), "eval_s": progress.eval_s,
+                 "per_task_s": progress.per_task_s})
+    prov = _provenance(device, submission)
+    if status != "ok":
+        return failed_record(spec, error, status, prov, **measured)
+    return RunRecord(run_id=spec.run_id, status=status, error=error, spec=spec,
+                     metrics=all_metrics(rows, progress.init_acc), provenance=prov, **measured)
+
+
+def _provenance(device, submission: dict | None) -> dict:
+    prov = provenance(str(device))
+    if submission:
+        prov["submission"] = dict(submission)
+    return prov

@@ -1,0 +1,120 @@
+"""Fast training data path: minibatches by tensor indexing instead of per-sample collation.
+
+Avalanche's default loader fetches every sample through several dataset layers and
+collates it back into a batch; for the small in-memory tensor datasets of this harness
+that costs as much as the training itself. `install_fast_path` gives a strategy a
+`make_train_dataloader` that yields `[x, y, t]` minibatches sliced from the task's
+tensors (moved to the device once), reshuffled every epoch by a seeded generator.
+
+Avalanche semantics are kept: the fast loader is used only when the strategy trains on
+the plain experience dataset (the template's own `train_dataset_adaptation`, not replaced
+by a plugin); otherwise (joint training's concatenation, a plugin adding data or
+transforms) Avalanche's loader is built as before. Plugins that replace
+`strategy.dataloader` themselves (Replay) run after this and still do so.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..methods.contract import BATCH_GENERATOR_ATTRIBUTE
+
+# Batches smaller than this get the frozen prefix run on them rather than cached features:
+# BLAS kernels for a handful of rows may round differently from the big batches the cache
+# was computed with, and the cached path must give the uncached path's numbers.
+SMALL_BATCH = 8
+
+
+class TensorBatches:
+    """Iterable of `[x, y, t]` minibatches over in-memory tensors, shuffled per epoch.
+
+    `transform(x_all)` (optional) returns features of the whole input tensor (or None),
+    computed once, lazily at the first epoch: the frozen prefix's output (see
+    harness.prefix_cache). `batch_cached` says whether the last batch holds features.
+    """
+
+    def __init__(self, x, y, task: int, batch_size: int, generator: torch.Generator,
+                 device, shuffle: bool = True, transform=None):
+        self.x, self.y = x.to(device), y.to(device)
+        self.task = int(task)
+        self.t = torch.full((len(y),), self.task, dtype=torch.long, device=device)
+        self.batch_size, self.generator, self.shuffle = int(batch_size), generator, shuffle
+        self.transform, self.features, self.batch_cached = transform, None, False
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.y) / self.batch_size)
+
+    def __iter__(self):
+        if self.transform is not None and self.features is None:
+            # after every before_training_exp plugin has run
+            self.features, self.transform = self.transform(self.x), None
+        n = len(self.y)
+        order = torch.randperm(n, generator=self.generator) if self.shuffle else torch.arange(n)
+        order = order.to(self.x.device)
+        for start in range(0, n, self.batch_size):
+            idx = order[start:start + self.batch_size]
+            self.batch_cached = self.features is not None and len(idx) >= SMALL_BATCH
+            x = self.features if self.batch_cached else self.x
+            yield [x[idx], self.y[idx], self.t[:len(idx)]]
+        self.batch_cached = False
+
+
+def plain_task_index(strategy, tasks) -> int | None:
+    """Index of the task whose tensors *are* the strategy's training data, else None."""
+    if getattr(strategy, "_harness_adapted", None) is not strategy.adapted_dataset:
+        return None  # a plugin replaced the adapted dataset (added data or transforms)
+    t = getattr(strategy.experience, "current_experience", None)
+    if not isinstance(t, int) or not 0 <= t < len(tasks):
+        return None
+    if len(strategy.adapted_dataset) != len(tasks[t].y_train):
+        return None
+    return t
+
+
+def batch_generator(seed: int) -> torch.Generator:
+    """The run's minibatch-order generator (its own: the global RNG is the methods')."""
+    return torch.Generator().manual_seed(int(seed) * 7_919 + 17)
+
+
+def has_plain_adaptation(strategy) -> bool:
+    """True when the strategy trains on each experience's own dataset (template default)."""
+    from avalanche.training.templates import SupervisedTemplate
+
+    adapt = getattr(type(strategy), "train_dataset_adaptation", None)
+    # e.g. joint training overrides it to concatenate every experience seen so far
+    return (adapt is SupervisedTemplate.train_dataset_adaptation
+            and "train_dataset_adaptation" not in vars(strategy))
+
+
+def install_fast_path(strategy, tasks, seed: int, transform_for=None) -> bool:
+    """Give `strategy` the tensor-indexing train loader; False if it cannot have it.
+
+    Per task, the loader still falls back to Avalanche's when a plugin changed the data.
+    `transform_for(strategy, t)` may return a function applied once to the task's inputs
+    (frozen-prefix caching) or None.
+    """
+    if not has_plain_adaptation(strategy):
+        return False
+    generator = batch_generator(seed)
+    setattr(strategy, BATCH_GENERATOR_ATTRIBUTE, generator)  # a method training in stages may save/restore it
+    original_adapt = strategy.train_dataset_adaptation
+    original_loader = strategy.make_train_dataloader
+
+    def train_dataset_adaptation(**kwargs):
+        original_adapt(**kwargs)
+        strategy._harness_adapted = strategy.adapted_dataset
+
+    def make_train_dataloader(shuffle=True, **kwargs):
+        t = plain_task_index(strategy, tasks)
+        if t is None:
+            return original_loader(shuffle=shuffle, **kwargs)
+        transform = transform_for(strategy, t) if transform_for else None
+        strategy.dataloader = TensorBatches(tasks[t].x_train, tasks[t].y_train, tasks[t].index,
+                                            strategy.train_mb_size, generator, strategy.device,
+                                            shuffle=shuffle, transform=transform)
+
+    # Only the plain template method is wrapped: the check above needs its result.
+    strategy.train_dataset_adaptation = train_dataset_adaptation
+    strategy.make_train_dataloader = make_train_dataloader
+    return True

@@ -1,0 +1,169 @@
+"""Backbones as an ordered list of named blocks plus per-task heads."""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+from avalanche.models.dynamic_modules import MultiTaskModule
+
+from ..config.vocabulary import MODELS
+
+
+class CLNet(MultiTaskModule):
+    """Blocks applied in order, then the head of the sample's task.
+
+    `frozen_blocks` names blocks that a depth regime froze: `train()` keeps them in eval
+    mode so their BatchNorm statistics cannot drift while the rest trains.
+    """
+
+    def __init__(self, blocks: "OrderedDict[str, nn.Module]", feature_dim: int,
+                 n_heads: int, head_classes: int):
+        super().__init__()
+        self.blocks = nn.ModuleDict(blocks)
+        self.heads = nn.ModuleList(nn.Linear(feature_dim, head_classes) for _ in range(n_heads))
+        self.head_classes = head_classes
+        self.frozen_blocks: frozenset[str] = frozenset()
+
+    @property
+    def block_names(self) -> list[str]:
+        """Block names, input side first."""
+        return list(self.blocks.keys())
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Output of the last block."""
+        for block in self.blocks.values():
+            x = block(x)
+        return x
+
+    def forward_single_task(self, x: torch.Tensor, task_label: int) -> torch.Tensor:
+        return self.heads[self._head_index(task_label)](self.features(x))
+
+    def forward(self, x: torch.Tensor, task_labels=None):
+        """Task-aware forward: one head per sample's task; `None` gives every known head."""
+        if task_labels is None:
+            return self.forward_all_tasks(x)
+        feats = self.features(x)
+        if isinstance(task_labels, int):
+            return self.heads[self._head_index(task_labels)](feats)
+        return self.heads_forward(feats, task_labels)
+
+    def heads_forward(self, feats: torch.Tensor, task_labels: torch.Tensor) -> torch.Tensor:
+        """Apply each sample's head to precomputed features."""
+        if len(self.heads) == 1:
+            return self.heads[0](feats)
+        first = int(task_labels[0])
+        if bool((task_labels == first).all()):  # the common case: a single-task batch
+            return self.heads[first](feats)
+        out = feats.new_zeros(feats.shape[0], self.head_classes)
+        for task in torch.unique(task_labels).tolist():
+            mask = task_labels == task
+            out[mask] = self.heads[task](feats[mask])
+        return out
+
+    def forward_all_tasks(self, x: torch.Tensor) -> dict:
+        feats = self.features(x)
+        return {t: self.heads[self._head_index(t)](feats) for t in self.known_train_tasks_labels}
+
+    def adaptation(self, experience):
+        # Heads are created up front; only remember which tasks exist (LwF distils them).
+        if self.training:
+            self.known_train_tasks_labels = self.known_train_tasks_labels | set(experience.task_labels)
+
+    def _head_index(self, task_label: int) -> int:
+        return 0 if len(self.heads) == 1 else int(task_label)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        for name in self.frozen_blocks:
+            self.blocks[name].eval()
+        return self
+
+
+def _mlp(input_shape, feature_dim: int = 100) -> list[nn.Module]:
+    in_dim = int(torch.tensor(input_shape).prod())
+    depth = MODELS["mlp"].n_blocks
+    dims = [in_dim] + [feature_dim] * depth
+    blocks = []
+    for i in range(depth):
+        layers = [nn.Flatten()] if i == 0 else []
+        layers += [nn.Linear(dims[i], dims[i + 1]), nn.ReLU()]
+        blocks.append(nn.Sequential(*layers))
+    return blocks
+
+
+def _conv_bn(c_in: int, c_out: int, pool: bool) -> nn.Sequential:
+    layers = [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
+    if pool:
+        layers.append(nn.MaxPool2d(2))
+    return nn.Sequential(*layers)
+
+
+def _small_cnn(input_shape, width: int = 32, feature_dim: int = 128) -> list[nn.Module]:
+    c, h, w = input_shape
+    flat = 2 * width * (h // 8) * (w // 8)
+    return [_conv_bn(c, width, pool=True), _conv_bn(width, 2 * width, pool=True),
+            _conv_bn(2 * width, 2 * width, pool=True),
+            nn.Sequential(nn.Flatten(), nn.Linear(flat, feature_dim), nn.ReLU())]
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block (two 3x3 convs with BatchNorm and a shortcut)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False),
+                                          nn.BatchNorm2d(c_out))
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+def _reduced_resnet18(input_shape, nf: int = 20) -> list[nn.Module]:
+    """The reduced ResNet-18 of Lopez-Paz & Ranzato (2017): width nf=20 instead of 64."""
+    c = input_shape[0]
+    blocks = [nn.Sequential(nn.Conv2d(c, nf, 3, 1, 1, bias=False), nn.BatchNorm2d(nf), nn.ReLU())]
+    widths, c_in = [nf, 2 * nf, 4 * nf, 8 * nf], nf
+    for i, width in enumerate(widths):
+        stride = 1 if i == 0 else 2
+        blocks.append(nn.Sequential(BasicBlock(c_in, width, stride), BasicBlock(width, width, 1)))
+        c_in = width
+    return blocks
+
+
+# name -> (builder of the parametrised blocks, feature dim from builder kwargs, trailing
+# parameter-free blocks); the blocks' names are the vocabulary's (config.vocabulary.MODELS).
+BUILDERS = {
+    "mlp": (_mlp, lambda kw: kw.get("feature_dim", 100), {}),
+    "small-cnn": (_small_cnn, lambda kw: kw.get("feature_dim", 128), {}),
+    "resnet18-reduced": (_reduced_resnet18, lambda kw: 8 * kw.get("nf", 20),
+                         {"pool": lambda: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())}),
+}
+# Blocks without parameters cannot be "trained", so regimes count only parametrised blocks.
+_PARAMETER_FREE = {"pool"}
+
+
+def build_model(name: str, input_shape, n_heads: int, head_classes: int, **kwargs) -> CLNet:
+    """Build the named backbone with `n_heads` heads of `head_classes` outputs."""
+    builder, feature_dim, tail = BUILDERS[name]
+    blocks = OrderedDict(zip(MODELS[name].blocks, builder(tuple(input_shape), **kwargs), strict=True))
+    blocks.update((block, make()) for block, make in tail.items())
+    return CLNet(blocks, feature_dim(kwargs), n_heads, head_classes)
+
+
+def trainable_block_names(model: CLNet) -> list[str]:
+    """Blocks that carry parameters, input side first (the units a depth regime counts)."""
+    return [n for n in model.block_names
+            if n not in _PARAMETER_FREE and any(True for _ in model.blocks[n].parameters())]
+
+
+def shared_named_parameters(model: CLNet) -> dict[str, torch.Tensor]:
+    """Parameters of the blocks (shared across tasks), i.e. everything but the heads."""
+    return {f"blocks.{n}": p for n, p in model.blocks.named_parameters()}
