@@ -33,8 +33,15 @@ def _matrix(rng, T: int, skill: float, depth: int) -> np.ndarray:
     return np.clip(R, 0.0, 1.0)
 
 
-def synthetic_records(n: int, seed: int = 0, n_tasks: int = 5, fail_rate: float = 0.02) -> list[dict]:
-    """n records over datasets x regimes x methods x orders; deterministic for a seed."""
+def synthetic_records(n: int, seed: int = 0, n_tasks: int = 5, fail_rate: float = 0.02) -> list:
+    """n RunRecords over datasets x regimes x methods x orders; deterministic for a seed."""
+    from harness.config.specs import RunRecord
+
+    return [RunRecord.from_dict(d) for d in synthetic_dicts(n, seed, n_tasks, fail_rate)]
+
+
+def synthetic_dicts(n: int, seed: int = 0, n_tasks: int = 5, fail_rate: float = 0.02) -> list[dict]:
+    """The JSON form of `synthetic_records`."""
     rng = np.random.default_rng(seed)
     datasets = ["mnist", "fmnist", "kmnist", "qmnist", "cifar100"]
     methods = ["ewc", "lwf", "si", "gem", "became", "magmax", "naive", "replay"]

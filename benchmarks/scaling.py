@@ -22,7 +22,8 @@ from harness.execution.executors import RunOptions, make_executor  # noqa: E402
 from harness.config.protocol import load_protocol, select  # noqa: E402
 from harness.execution.store import load_records  # noqa: E402
 from harness.methods.registry import get_registry  # noqa: E402
-from harness.execution.sweep import make_plan, run_sweep  # noqa: E402
+from harness.execution.plan import make_plan  # noqa: E402
+from harness.execution.sweep import run_sweep  # noqa: E402
 
 
 def grid(orders: int):
@@ -52,7 +53,7 @@ def timed_sweep(protocol, executor: str, jobs: int) -> tuple[float, float, dict]
                            log=lambda *_: None)
         wall = time.perf_counter() - t0
         assert not result.interrupted and len(result.written) == len(plan.todo)
-        metrics = {r["run_id"]: r["metrics"] for r in load_records(results, protocol.name)}
+        metrics = {r.run_id: r.metrics for r in load_records(results, protocol.name)}
     if executor == "ray":
         import ray
 

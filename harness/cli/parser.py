@@ -8,6 +8,7 @@ import argparse
 import math
 
 from ..config.errors import UserError
+from ..config.paths import DATA_ENV
 
 RUN_EXAMPLES = """examples:
   cl-bench run --protocol depth-sweep-mini                  # the embedded demo sweep
@@ -116,7 +117,7 @@ def add_sweep_flags(cmd) -> None:
     cmd.add_argument("--executor", choices=("inline", "process", "ray"), default="process",
                      help="how runs are dispatched (default: process; --jobs 1 runs inline; "
                           "ray needs the [ray] extra)")
-    cmd.add_argument("--data-dir", help="folder holding torchvision data sets (default: ./data or $CL_BENCH_DATA)")
+    cmd.add_argument("--data-dir", help=f"folder holding torchvision data sets (default: ${DATA_ENV}, else ./data)")
     cmd.add_argument("--download", action="store_true", help="download missing torchvision data sets")
     cmd.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                      help="device of the runs (default: auto)")

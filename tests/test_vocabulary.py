@@ -1,0 +1,75 @@
+"""One vocabulary: every name is defined in harness/config/vocabulary.py (or paths.py) and used
+from there; the backbones and loaders agree with it."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.config import vocabulary as v
+
+HARNESS = Path(__file__).resolve().parent.parent / "harness"
+HOMES = {HARNESS / "config" / "vocabulary.py", HARNESS / "config" / "paths.py"}
+# Source patterns that would mean a definition restated outside its home.
+RESTATED = {
+    "the metric names": r"""["']acc["'],\s*["']la["'],\s*["']bwt["']""",
+    "the optimizers": r"""["']sgd["'],\s*["']adam["']""",
+    "the statuses": r"""["']ok["'],\s*["']failed["'],\s*["']diverged["']""",
+    "the scenarios": r"""["']task-il["'],\s*["']class-il["']""",
+    "the pre-training modes": r"""["']first-task["'],\s*["']none["']""",
+    "the regime grammar": r"last-\(|last-\[|\^last",
+    "the name pattern": r"A-Za-z0-9\]\[A-Za-z0-9_\.-\]",
+    "the entry-point group": r"""["']cl_bench\.methods["']""",
+    "the environment variables": r"CL_BENCH_(SUBMISSIONS|CACHE|DATA)",
+    "the block names": r"""["']conv1["']|["']fc1["']|["']layer1["']""",
+    "the dataset facts": r"""["']cifar100["']\s*:\s*(DatasetFacts)?\(\s*100""",
+}
+
+
+@pytest.mark.parametrize("what", sorted(RESTATED))
+def test_each_name_is_defined_in_one_place(what):
+    pattern = re.compile(RESTATED[what])
+    found = [f"{p.relative_to(HARNESS)}:{i}" for p in sorted(HARNESS.rglob("*.py")) if p not in HOMES
+             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, f"{what} restated outside config/: {found}"
+
+
+def test_the_restatement_patterns_match_their_definitions():
+    home = "\n".join(p.read_text() for p in HOMES)
+    missing = [what for what, pattern in RESTATED.items() if not re.search(pattern, home)]
+    assert not missing, f"patterns that no longer find their own definition: {missing}"
+
+
+def test_backbones_name_their_blocks_as_the_vocabulary_does():
+    from harness.run.models import BUILDERS, build_model, trainable_block_names
+
+    shapes = {"mlp": (1, 8, 8), "small-cnn": (1, 28, 28), "resnet18-reduced": (3, 32, 32)}
+    assert set(BUILDERS) == set(v.MODELS) == set(shapes)
+    for name, facts in v.MODELS.items():
+        assert trainable_block_names(build_model(name, shapes[name], 2, 2)) == list(facts.blocks)
+
+
+def test_every_dataset_of_the_vocabulary_has_a_loader():
+    from harness.run.datasets import EMBEDDED, TORCHVISION
+
+    assert set(EMBEDDED) | set(TORCHVISION) == set(v.DATASETS)
+    assert all(f.default_model in v.MODELS for f in v.DATASETS.values())
+
+
+@pytest.mark.parametrize("name,blocks,depth", [("head", 4, 0), ("last-1", 4, 1), ("last-4", 4, 4),
+                                               ("full", 5, 5), ("last-12", 20, 12)])
+def test_regime_depth(name, blocks, depth):
+    assert v.is_regime_name(name) and v.regime_depth(name, blocks) == depth
+
+
+@pytest.mark.parametrize("name", ["last-0", "last-01", "middle", "Last-1", "last-", "full-1", ""])
+def test_not_regime_names(name):
+    assert not v.is_regime_name(name)
+    with pytest.raises(ValueError, match="allowed: head, last-k"):
+        v.regime_depth(name, 4)
+
+
+def test_regime_sort_key_orders_by_depth_then_unknown():
+    names = ["full", "zeta", "last-10", "head", "last-2"]
+    assert sorted(names, key=v.regime_sort_key) == ["head", "last-2", "last-10", "full", "zeta"]
