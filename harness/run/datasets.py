@@ -1,6 +1,7 @@
 """Dataset registry: every dataset becomes in-memory float tensors (train and test)."""
 from __future__ import annotations
 
+import hashlib
 import os
 import zipfile
 from dataclasses import dataclass
@@ -42,10 +43,14 @@ class TensorData:
 def _as_data(name, x_train, y_train, x_test, y_test) -> TensorData:
     import torch
 
-    return TensorData(name, torch.as_tensor(np.asarray(x_train), dtype=torch.float32),
-                      torch.as_tensor(np.asarray(y_train), dtype=torch.long),
-                      torch.as_tensor(np.asarray(x_test), dtype=torch.float32),
-                      torch.as_tensor(np.asarray(y_test), dtype=torch.long))
+    # Cast in numpy: torch refuses long double and non-native byte order ('>f8' from another machine).
+    def x(a):
+        return torch.as_tensor(np.asarray(a, dtype=np.float32))
+
+    def y(a):
+        return torch.as_tensor(np.asarray(a, dtype=np.int64))
+
+    return TensorData(name, x(x_train), y(y_train), x(x_test), y(y_test))
 
 
 def _digits(**_) -> TensorData:
@@ -163,29 +168,129 @@ def _torchvision_arrays(ds):
     return x.contiguous(), targets.long()
 
 
+ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+# How many missing classes a message lists before it says "and N more".
+_SHOW = 5
+
+
 def _npz(path: str) -> TensorData:
+    name = f"npz:{path}"
     try:
         p = Path(path).expanduser()
         found = p.is_file()
     except (OSError, ValueError, RuntimeError) as exc:  # name too long, NUL byte, ~nobody
-        raise DatasetError(f"dataset 'npz:{path}': not a usable path ({exc})") from None
+        raise DatasetError(f"dataset '{name}': not a usable path ({exc})") from None
     if not found:
-        raise DatasetError(f"dataset 'npz:{path}': file not found")
+        raise DatasetError(f"dataset '{name}': file not found")
     try:
-        f = np.load(p)
+        # allow_pickle=False: an object array would run arbitrary code from the file when read.
+        f = np.load(p, allow_pickle=False)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # a folder, a pickle, junk
-        raise DatasetError(f"dataset 'npz:{path}': not a readable .npz file ({exc})") from None
+        raise DatasetError(f"dataset '{name}': not a readable .npz file ({exc})") from None
     if not hasattr(f, "files"):  # np.load of a .npy gives one array, not an archive
-        raise DatasetError(f"dataset 'npz:{path}': not an .npz archive of named arrays")
+        raise DatasetError(f"dataset '{name}': not an .npz archive of named arrays")
     with f:
-        missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in f]
+        missing = [k for k in ARRAYS if k not in f]
         if missing:
-            raise DatasetError(f"dataset 'npz:{path}': missing arrays {missing}; "
+            raise DatasetError(f"dataset '{name}': missing arrays {missing}; "
                                "need x_train, y_train, x_test, y_test")
-        data = _as_data(f"npz:{path}", f["x_train"], f["y_train"], f["x_test"], f["y_test"])
-    if data.x_train.shape[1:] != data.x_test.shape[1:]:
-        raise DatasetError(f"dataset 'npz:{path}': x_train and x_test sample shapes differ")
-    return data
+        arrays = {k: _read_member(name, f, k) for k in ARRAYS}
+    validate_arrays(name, arrays)
+    return _as_data(name, *(arrays[k] for k in ARRAYS))
+
+
+def _read_member(name: str, archive, key: str) -> np.ndarray:
+    try:
+        return archive[key]
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):  # numpy refuses object arrays when pickles are off
+            raise DatasetError(f"dataset '{name}': {key} is an object array (pickled Python objects); "
+                               "allowed: numeric arrays") from None
+        raise DatasetError(f"dataset '{name}': {key} cannot be read ({exc})") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:  # a truncated or corrupt member
+        raise DatasetError(f"dataset '{name}': {key} cannot be read ({exc})") from None
+
+
+def validate_arrays(name: str, arrays: dict) -> None:
+    """Raise a one-line DatasetError for the first defect in x_train, y_train, x_test, y_test."""
+    def fail(message: str):
+        raise DatasetError(f"dataset '{name}': {message}")
+
+    for key in ARRAYS:
+        if arrays[key].dtype.hasobject:
+            fail(f"{key} is an object array (pickled Python objects); allowed: numeric arrays")
+    for split in ("train", "test"):
+        _check_split(fail, split, arrays[f"x_{split}"], arrays[f"y_{split}"])
+    if arrays["x_train"].shape[1:] != arrays["x_test"].shape[1:]:
+        fail(f"x_train and x_test sample shapes differ ({arrays['x_train'].shape[1:]} vs "
+             f"{arrays['x_test'].shape[1:]}); allowed: the same shape per sample")
+    _check_labels(fail, arrays["y_train"], arrays["y_test"])
+
+
+def _check_split(fail, split: str, x: np.ndarray, y: np.ndarray) -> None:
+    xk, yk = f"x_{split}", f"y_{split}"
+    # Labels are class indices: casting floats or strings would hide a wrong column or file.
+    if y.dtype.kind not in "iu":
+        fail(f"{yk} labels must be integers; got dtype {y.dtype}; "
+             "allowed: an integer dtype (class indices 0..C-1)")
+    if y.ndim != 1:
+        fail(f"{yk} must be 1-D (one label per sample); got shape {y.shape}")
+    if x.dtype.kind not in "biuf":  # complex, strings, dates: no float32 tensor means them
+        fail(f"{xk} features must be numeric; got dtype {x.dtype}; allowed: bool, integer or float")
+    if x.ndim < 2 or 0 in x.shape[1:]:
+        fail(f"{xk} must have shape (samples, features...) with at least one feature; got shape {x.shape}")
+    if len(x) != len(y):
+        fail(f"{xk} has {len(x)} samples but {yk} has {len(y)} labels; allowed: one label per sample")
+    if len(x) == 0:
+        fail(f"{xk} has no samples; allowed: a non-empty {split} split")
+    _check_finite(fail, xk, x)
+
+
+def _check_finite(fail, key: str, x: np.ndarray) -> None:
+    if x.dtype.kind != "f":  # bool and integer values are always finite
+        return
+    # A NaN or inf input makes the loss NaN, which the run would blame on the method ("diverged").
+    bad = x.size - int(np.count_nonzero(np.isfinite(x)))
+    if bad:
+        fail(f"{key} has {bad} non-finite values (NaN or inf) of {x.size}; allowed: finite numbers")
+    if x.dtype.itemsize > 4:  # loaded as float32: larger values become inf
+        limit = float(np.finfo(np.float32).max)
+        big = int(np.count_nonzero(np.abs(x) > limit))
+        if big:
+            fail(f"{key} has {big} values beyond the float32 range (|x| > {limit:.3g}); "
+                 "allowed: finite float32 numbers")
+
+
+def _check_labels(fail, y_train: np.ndarray, y_test: np.ndarray) -> None:
+    present = {"y_train": np.unique(y_train), "y_test": np.unique(y_test)}
+    for key, values in present.items():
+        if values[0] < 0:  # classes are 0..C-1; a negative one would be dropped from every task
+            fail(f"{key} has negative label {int(values[0])}; allowed: labels 0..C-1")
+    top = max(int(v[-1]) for v in present.values())
+    if top < 1:
+        fail(f"only one class (label {top}) in y_train and y_test; allowed: at least 2 classes 0..C-1")
+    for key, values in present.items():
+        # A class absent from train is never learnt; absent from test, its accuracy is undefined.
+        gaps, count = _missing(values, top + 1)
+        if count:
+            which = f"class {gaps} has" if count == 1 else f"classes {gaps} have"
+            fail(f"{which} no samples in {key} (labels run 0..{top}); "
+                 f"allowed: every class 0..{top} present in both y_train and y_test")
+
+
+def _missing(present: np.ndarray, n: int) -> tuple[str, int]:
+    """The first few of 0..n-1 absent from sorted unique `present` (as text), and how many are."""
+    count = n - len(present)  # present lies within 0..n-1
+    if not count:
+        return "", 0
+    shown, prev = [], -1
+    for v in [*map(int, present), n]:  # walk the gaps; never builds range(n), n may be huge
+        shown += range(prev + 1, min(v, prev + 1 + _SHOW - len(shown)))
+        prev = v
+        if len(shown) >= _SHOW:
+            break
+    more = f" and {count - len(shown)} more" if count > len(shown) else ""
+    return ", ".join(map(str, shown)) + more, count
 
 
 EMBEDDED = {"digits": _digits, "mnist1d": _mnist1d}
@@ -204,3 +309,26 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = False)
     if name.startswith(NPZ_PREFIX):
         return _npz(name[len(NPZ_PREFIX):])
     raise DatasetError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}, npz:PATH")
+
+
+def fingerprint(data: TensorData) -> str:
+    """'sha256:' + 16 hex digits over the dtype, shape and bytes of the four tensors."""
+    h = hashlib.sha256()
+    for key in ARRAYS:
+        tensor = getattr(data, key).detach().cpu().contiguous()
+        h.update(f"{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        # A flat uint8 view of the tensor's own memory: hashed without a copy.
+        h.update(tensor.numpy().reshape(-1).view(np.uint8))
+    return "sha256:" + h.hexdigest()[:16]
+
+
+# (name, data_dir) -> fingerprint: each data set is hashed once per process.
+_FINGERPRINTS: dict[tuple[str, str | None], str] = {}
+
+
+def dataset_fingerprint(name: str, data_dir: str | None = None, download: bool = False) -> str:
+    """The content fingerprint of a data set by name, computed once per process."""
+    key = (name, data_dir)
+    if key not in _FINGERPRINTS:
+        _FINGERPRINTS[key] = fingerprint(load_dataset(name, data_dir, download))
+    return _FINGERPRINTS[key]
