@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from ..config.specs import RunRecord
+from ..config.text import terminal_safe
 from ..config.vocabulary import METRICS, regime_sort_key
 COLUMNS = ("run_id", "status", "error", "protocol", "protocol_version", "dataset",
            "regime", "regime_depth", "n_blocks", "method", "method_name", "order", "seed",
@@ -105,15 +106,20 @@ def format_summary(frame: pd.DataFrame) -> str:
     regimes = regime_order(frame)
     lines = ["cells: ACC % / forgetting % (ok runs[, !failed]); mean over task orders and seeds"]
     for ds, sub in table.groupby("dataset", sort=True):
-        cells = {(r.method, r.regime): _cell(r, scale) for r in sub.itertuples()}
-        present = [r for r in regimes if r in set(sub["regime"])]
-        methods = list(dict.fromkeys(sub["method"]))
-        width = [max(len(m) for m in methods + ["method"])] + [
-            max([len(r)] + [len(cells.get((m, r), "-")) for m in methods]) for r in present]
-        lines += ["", f"dataset: {ds}", _fmt_line(["method", *present], width)]
-        for m in methods:
-            lines.append(_fmt_line([m, *(cells.get((m, r), "-") for r in present)], width))
+        lines += ["", f"dataset: {terminal_safe(ds)}", *_dataset_lines(sub, regimes, scale)]
     return "\n".join(lines)
+
+
+def _dataset_lines(sub: pd.DataFrame, regimes, scale: float) -> list[str]:
+    """Header and one line per method; labels come from user files, so they are escaped first."""
+    cells = {(r.method, r.regime): _cell(r, scale) for r in sub.itertuples()}
+    present = [r for r in regimes if r in set(sub["regime"])]
+    methods = list(dict.fromkeys(sub["method"]))
+    rows = [["method", *map(terminal_safe, present)]]
+    rows += [[terminal_safe(m), *(cells.get((m, r), "-") for r in present)] for m in methods]
+    # Widths from the escaped text: that is what the terminal shows, so the columns line up.
+    width = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [_fmt_line(row, width) for row in rows]
 
 
 def _cell(r, scale: float) -> str:

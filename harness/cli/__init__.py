@@ -43,11 +43,10 @@ def main(argv=None) -> int:
 
 
 def one_line(text: str) -> str:
-    """The message with control characters and line separators escaped: one terminal line, no escape codes."""
-    import unicodedata
+    """The message with control, bidi/format characters and line separators escaped: one terminal line."""
+    from ..config.text import terminal_safe
 
-    return "".join(ch.encode("unicode_escape").decode() if unicodedata.category(ch) in ("Cc", "Zl", "Zp")
-                   else ch for ch in text)
+    return terminal_safe(text)
 
 
 def _user_error_message(exc: Exception) -> str | None:

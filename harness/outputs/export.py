@@ -26,7 +26,11 @@ def export_table(records: list, fmt: str, out: str | Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "csv":
-        frame.to_csv(out, index=False)
+        from ..config.text import spreadsheet_safe
+
+        # Text cells a spreadsheet would run as formulas are neutralised; numbers stay numbers.
+        text = frame.select_dtypes(include=["object", "string"]).columns
+        frame.assign(**{c: frame[c].map(spreadsheet_safe) for c in text}).to_csv(out, index=False)
     else:
         try:
             frame.to_parquet(out, index=False)
