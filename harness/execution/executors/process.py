@@ -49,6 +49,8 @@ class ProcessExecutor(Executor):
                 pool = self._pool(threads)
                 yield from self._triage(casualties, suspects, deaths)
         finally:
+            if pending:  # stopped early (Ctrl-C, SIGTERM): the runs in flight are not waited for
+                _kill_workers(pool)
             pool.shutdown(wait=False, cancel_futures=True)
 
     def _pool(self, threads: int):
@@ -84,3 +86,11 @@ def _result_or_failure(future, spec):
         return lost_record(spec, f"worker process died: {exc}")
     except Exception as exc:  # the run itself never raises; this is the transport failing
         return lost_record(spec, f"{type(exc).__name__}: {exc}")
+
+
+def _kill_workers(pool) -> None:
+    """Terminate a pool's worker processes: otherwise the interpreter waits for their runs at exit."""
+    # ProcessPoolExecutor exposes no public handle on its processes; `_processes` is CPython's.
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        if process.is_alive():
+            process.terminate()

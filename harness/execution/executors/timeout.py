@@ -4,6 +4,11 @@ A run cannot be stopped from inside its own process (a method may hang in C code
 timeout always means process execution, also with `--jobs 1`. Each worker serves runs one
 after another over a pipe; a run past its deadline gets its worker killed, is recorded as
 `timeout`, and a fresh worker takes the next run.
+
+The clock counts the run's own time only: a worker warms its imports before it says "ready",
+and loads a spec's data set before it says "started"; the deadline is set on "started".
+Loading has a separate, generous limit (`setup_limit`) so that a worker stuck there cannot
+hang the sweep either.
 """
 from __future__ import annotations
 
@@ -15,15 +20,18 @@ from multiprocessing.connection import wait
 from .base import Executor, init_worker, lost_record, run_spec, threads_per_run
 
 STARTUP_FAILURES = 3  # workers dying before they serve anything: give up instead of looping
+SETUP_MIN_S = 60.0  # the least time a worker gets to load a run's data set (first load: files, decoding)
+
+
+def setup_limit(timeout: float) -> float:
+    """Seconds a worker may take to load a spec's data set before its run starts."""
+    return max(SETUP_MIN_S, 10 * timeout)
 
 
 def _serve(conn, options, threads) -> None:
-    """Worker loop: announce readiness, then run each spec received until None or EOF."""
+    """Worker loop: warm up and announce readiness, then load, announce and run each spec until None or EOF."""
     init_worker(threads)
-    from ...methods.registry import get_registry
-    from ...run import engine  # noqa: F401  (imports and method files load before the clock starts)
-
-    get_registry(tuple(options.method_files))
+    _warm_up(options)
     conn.send(("ready", None))
     while True:
         try:
@@ -32,7 +40,30 @@ def _serve(conn, options, threads) -> None:
             return
         if spec is None:
             return
+        _load_data(spec, options)
+        conn.send(("started", None))
         conn.send(("done", run_spec(spec, options)))
+
+
+def _warm_up(options) -> None:
+    """One-time costs of any run, paid before the first clock starts: imports, method files."""
+    import avalanche.training.supervised  # noqa: F401  (imported lazily by the first run otherwise)
+    import avalanche.training.templates  # noqa: F401
+
+    from ...methods.registry import get_registry
+    from ...run import engine  # noqa: F401
+
+    get_registry(tuple(options.method_files))
+
+
+def _load_data(spec, options) -> None:
+    """Load (and cache) the spec's data set, so the run's clock does not count it."""
+    from ...run.datasets import load_dataset
+
+    try:
+        load_dataset(spec.dataset.name, options.data_dir, options.download)
+    except Exception:  # the run loads it again and records the error as its own failure
+        pass
 
 
 class _Worker:
@@ -43,11 +74,16 @@ class _Worker:
         self.proc = ctx.Process(target=_serve, args=(child, options, threads), daemon=True)
         self.proc.start()
         child.close()
-        self.ready, self.spec, self.deadline = False, None, None
+        self.ready, self.spec, self.deadline, self.started = False, None, None, False
 
-    def give(self, spec, timeout: float) -> None:
+    def give(self, spec, setup_s: float) -> None:
+        """Hand over a spec; until it has started, the deadline is that of loading its data."""
         self.conn.send(spec)
-        self.spec, self.deadline = spec, time.monotonic() + timeout
+        self.spec, self.deadline, self.started = spec, time.monotonic() + setup_s, False
+
+    def start(self, timeout: float) -> None:
+        """The run itself began: its own clock starts now."""
+        self.deadline, self.started = time.monotonic() + timeout, True
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -64,6 +100,7 @@ class TimeoutExecutor(Executor):
     def __init__(self, options, jobs: int = 1, max_retries: int = 1):
         super().__init__(options, jobs, max_retries)
         self.timeout = float(options.timeout)
+        self.setup_s = setup_limit(self.timeout)
         self.threads = threads_per_run(options, self.jobs)
 
     def run(self, specs):
@@ -76,7 +113,7 @@ class TimeoutExecutor(Executor):
                     workers.append(_Worker(ctx, self.options, self.threads))
                 for w in workers:
                     if w.ready and w.spec is None and todo:
-                        w.give(todo.popleft(), self.timeout)
+                        w.give(todo.popleft(), self.setup_s)
                 for w in self._events(workers):
                     record, startup_deaths = self._handle(w, workers, todo, deaths, startup_deaths)
                     if record is not None:
@@ -100,10 +137,13 @@ class TimeoutExecutor(Executor):
         if message == ("ready", None):
             w.ready = True
             return None, 0
+        if message == ("started", None):
+            w.start(self.timeout)
+            return None, startup_deaths
         if message is not None:
             w.spec, w.deadline = None, None
             return message[1], startup_deaths
-        spec = w.spec
+        spec, started = w.spec, w.started
         overdue = spec is not None and time.monotonic() >= w.deadline
         w.kill()
         workers.remove(w)
@@ -112,14 +152,19 @@ class TimeoutExecutor(Executor):
                 raise RuntimeError(f"worker processes die at start-up (exit code {w.proc.exitcode})")
             return None, startup_deaths + 1
         if overdue:
-            return lost_record(spec, f"timed out after {self.timeout:g} s (--run-timeout); "
-                                       "its worker process was killed", status="timeout"), startup_deaths
+            return lost_record(spec, self._overdue_message(spec, started), status="timeout"), startup_deaths
         deaths[spec.run_id] = deaths.get(spec.run_id, 0) + 1
         if deaths[spec.run_id] > self.max_retries:
             return lost_record(spec, f"worker process died while running this spec "
                                        f"({deaths[spec.run_id]} times)"), startup_deaths
         todo.appendleft(spec)
         return None, startup_deaths
+
+    def _overdue_message(self, spec, started: bool) -> str:
+        if started:
+            return f"timed out after {self.timeout:g} s (--run-timeout); its worker process was killed"
+        return (f"timed out after {self.setup_s:g} s loading data set {spec.dataset.name!r}, before the run "
+                "started (a separate limit from --run-timeout); its worker process was killed")
 
     @staticmethod
     def _receive(w):
