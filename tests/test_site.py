@@ -98,7 +98,7 @@ def test_downloads_are_valid_csv_and_json(site):
 def test_run_page_shows_reproduce_command_and_failure(site):
     out, _ = site
     html = (out / "runs" / f"{slug('fuD200000000')}.html").read_text()
-    assert "cl-bench run --protocol toy-proto --only fuD200000000 --results results" in html
+    assert "cl-bench reproduce fuD200000000 --results results" in html
     assert "RuntimeError: boom" in html and "failed" in html
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from harness.execution.plan import SweepError
 from harness.execution.store import read_record, scan_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -107,9 +108,9 @@ def test_jobs_two_gives_the_same_records_as_inline(smoke_results, tmp_path):
         assert rec.metrics == ref[run_id].metrics
 
 
-def test_records_of_other_versions_and_clashing_cells_are_reported():
+def test_a_view_shows_one_version_and_leaves_out_clashing_cells():
     from conftest import record_from
-    from harness.execution.store import current_records
+    from harness.execution.views import view_records
 
     def rec(run_id, version, lam, order=0):
         return record_from({"run_id": run_id, "spec": {
@@ -117,11 +118,20 @@ def test_records_of_other_versions_and_clashing_cells_are_reported():
             "regime": "full", "label": "", "method": "si", "hparams": {"si_lambda": lam}, "order": order, "seed": 0}})
 
     notes = []
-    kept = current_records([rec("a", "1", 1.0), rec("b", "2", 1.0), rec("c", "10", 1.0)], log=notes.append)
+    kept = view_records([rec("a", "1", 1.0), rec("b", "2", 1.0), rec("c", "10", 1.0)], log=notes.append)
     assert [r.run_id for r in kept] == ["c"]  # 10 is newer than 2 (numeric, not string order)
-    assert notes == ["note: showing protocol version 10; 2 records of version(s) 1, 2 are left out"]
+    assert notes == ["protocol test version 10: 1 records (version(s) 1, 2 left out: 2 records; "
+                     "--protocol-version chooses)"]
+    assert [r.run_id for r in view_records(kept + [rec("a", "1", 1.0)], version="1", log=notes.append)] == ["a"]
     notes.clear()
-    kept = current_records([rec("a", "1", 1.0), rec("b", "1", 1000.0), rec("c", "1", 1.0, order=1)],
-                           log=notes.append)
-    assert len(kept) == 3
-    assert len(notes) == 1 and notes[0].startswith("warning: 1 cells hold several records")
+    # a protocol edited without a version bump: two settings in one cell are never averaged
+    kept = view_records([rec("a", "1", 1.0), rec("b", "1", 1000.0), rec("c", "1", 1.0, order=1)],
+                        log=notes.append)
+    assert [r.run_id for r in kept] == ["c"]
+    assert len(notes) == 2 and notes[1].startswith("warning: 1 cells hold several records")
+    assert "left out rather than averaged" in notes[1]
+    # with the protocol's grid the stale setting is simply not shown
+    kept = view_records([rec("a", "1", 1.0), rec("b", "1", 1000.0)], grid={"b"}, log=notes.append)
+    assert [r.run_id for r in kept] == ["b"] and "not in the protocol's grid" in notes[-1]
+    with pytest.raises(SweepError, match="--protocol-version: protocol 'test' has no records of version '7'"):
+        view_records(kept, version="7")

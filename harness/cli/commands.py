@@ -5,8 +5,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from .requests import (CheckRequest, ExportRequest, LeaderboardRequest, ListRequest, SubmitRequest,
-                       SweepRequest)
+from .requests import (CheckRequest, ExportRequest, LeaderboardRequest, ListRequest, ReproduceRequest,
+                       SubmitRequest, SweepRequest)
 
 
 def _load(req: SweepRequest):
@@ -33,38 +33,48 @@ def _options(req: SweepRequest, submission: dict | None = None):
                       submission=submission)
 
 
+def plan_sweep(req: SweepRequest, protocol, retry_failed: bool | None = None):
+    """The plan of a sweep request: data fingerprinted first (downloaded if asked, except in a dry run,
+    which plans without the data sets that are not there)."""
+    from ..execution.plan import data_fingerprints, make_plan
+
+    fingerprints = data_fingerprints(protocol, req.data_dir, req.download and not req.dry_run,
+                                     allow_missing=req.dry_run)
+    retry = req.retry_failed if retry_failed is None else retry_failed
+    return make_plan(protocol, req.results, retry_failed=retry, only=req.only, fingerprints=fingerprints)
+
+
 def run_command(req: SweepRequest) -> int:
     """Plan, optionally print the grid, run what is left, print the summary, build the site."""
-    from ..execution.plan import make_plan
-
     protocol = _load(req)
-    plan = make_plan(protocol, req.results, retry_failed=req.retry_failed, only=req.only)
+    plan = plan_sweep(req, protocol)
     print(format_plan(protocol, plan, req.results))
     if req.dry_run:
         return 0
-    return _sweep_and_report(req, protocol, plan, _options(req))
+    return _exit_code(_sweep_and_report(req, protocol, plan, _options(req)))
 
 
-def _sweep_and_report(req: SweepRequest, protocol, plan, options, of: str = "") -> int:
+def _sweep_and_report(req: SweepRequest, protocol, plan, options, of: str = ""):
     """Run the plan, then the end-of-sweep report, summary table and leaderboard."""
-    _preload_data(protocol, options)
     result = _run_tracked(plan, protocol, req, options)
     print(f"\n{len(result.written)} runs{of} finished in {result.wall_s:.1f} s "
           f"({_statuses(result.statuses)}); records in {Path(req.results) / protocol.name / 'runs'}")
-    _print_rerun_hint(result, protocol, req.results)
-    print_summary(req.results, protocol.name)
+    _print_rerun_hint(result, req.results)
+    grid = {s.run_id for s in plan.specs}
+    print_summary(req.results, protocol.name, protocol.version, grid)
     if req.leaderboard:
-        build_leaderboard(req.results, protocol.name)
-    return 130 if result.interrupted else 0
+        # the summary above has said what the view leaves out
+        build_leaderboard(req.results, protocol.name, version=protocol.version, grid=grid, log=lambda _: None)
+    return result
 
 
-def _print_rerun_hint(result, protocol, results) -> None:
-    """For a sweep with failures: how to rerun one of them alone."""
+def _print_rerun_hint(result, results) -> None:
+    """For a sweep with failures: how to retry them, and how to rerun one alone."""
     from ..execution.reproduce import reproduce_command
 
     if result.failed_ids:
-        print(f"rerun a failed run alone: {reproduce_command(protocol.name, result.failed_ids[0], str(results))} "
-              "--retry-failed")
+        print(f"{len(result.failed_ids)} runs did not finish ok: the same command with --retry-failed reruns "
+              f"them; one alone, compared with its record: {reproduce_command(result.failed_ids[0], str(results))}")
 
 
 def _run_tracked(plan, protocol, req: SweepRequest, options):
@@ -112,47 +122,53 @@ def _executor(req: SweepRequest, protocol, options):
     return make_executor("ray", options, req.jobs, max_retries=req.max_retries, ray_options=ray_options)
 
 
-def _preload_data(protocol, options) -> None:
-    """Load every dataset once up front, so a missing one fails before any run starts."""
-    from ..run.datasets import load_dataset
-
-    for d in protocol.datasets:
-        load_dataset(d.name, options.data_dir, options.download)
-
-
 def _statuses(statuses: dict) -> str:
     return ", ".join(f"{v} {k}" for k, v in sorted(statuses.items())) or "nothing to do"
 
 
 def format_plan(protocol, plan, results) -> str:
-    """The grid: counts per axis, total runs, runs already done."""
+    """The grid: counts per axis, total runs, runs already done, and every file not counted."""
+    from ..config.text import terminal_safe
+
     c = plan.counts()
-    lines = [f"protocol {protocol.name} v{protocol.version} ({protocol.source})",
+    lines = [terminal_safe(f"protocol {protocol.name} v{protocol.version} ({protocol.source})"),
              f"grid: {c['datasets']} datasets x {c['regimes']} regimes x {c['methods']} methods x "
              f"{c['orders']} task orders x {c['seeds']} seeds = {c['total']} runs",
-             f"done: {c['done']}   to run: {c['todo']}   results: {Path(results) / protocol.name}"]
+             terminal_safe(f"done: {c['done']}   to run: {c['todo']}   results: {Path(results) / protocol.name}")]
+    if plan.missing_data:
+        n = sum(1 for s in plan.specs if s.dataset.name in plan.missing_data)
+        lines.append(terminal_safe(f"not planned: {n} runs of {', '.join(plan.missing_data)}, whose files are not "
+                                   "there (run ids include the data's fingerprint; --data-dir, --download)"))
+    lines += [terminal_safe(f"note: {path} is invalid ({reason}); its run will be redone") for path, reason in plan.invalid]
+    lines += [terminal_safe(f"note: {path} is foreign ({reason}); it is not counted") for path, reason in plan.foreign]
     if plan.invalid:
         lines.append(f"invalid record files (will be redone): {len(plan.invalid)}")
+    if plan.foreign:
+        lines.append(f"foreign record files (never counted): {len(plan.foreign)}")
     return "\n".join(lines)
 
 
-def print_summary(results, protocol_name: str) -> None:
-    """Method x regime summary (mean ACC / forgetting) of every valid record of the protocol."""
+def print_summary(results, protocol_name: str, version: str | None = None, grid=None) -> None:
+    """Method x regime summary (mean ACC / forgetting) of one protocol version's records."""
     from ..analysis.frame import format_summary, records_to_frame
-    from ..execution.store import current_records, load_records
+    from ..execution.store import load_records
+    from ..execution.views import view_records
 
-    records = current_records(load_records(results, protocol_name))
+    print()
+    records = view_records(load_records(results, protocol_name), version, grid)
     if records:
-        print()
         print(format_summary(records_to_frame(records)))
 
 
-def build_leaderboard(results, protocol_name: str, out: str | None = None) -> Path | None:
-    """Build the static site for one protocol's records; prints and returns index.html's path."""
-    from ..execution.store import current_records, load_records, protocol_dir
+def build_leaderboard(results, protocol_name: str, out: str | None = None, version: str | None = None,
+                      grid=None, log=print) -> Path | None:
+    """Build the static site for one protocol version's records; prints and returns index.html's path."""
+    from ..execution.store import load_records, protocol_dir
+    from ..execution.views import view_records
     from ..outputs.site import build_site
 
-    records = current_records(load_records(results, protocol_name))
+    records = view_records(load_records(results, protocol_name, log=log if grid is None else None),
+                           version, grid, log=log)
     if not records:
         print(f"leaderboard: no records under {protocol_dir(results, protocol_name)}")
         return None
@@ -178,7 +194,7 @@ def leaderboard_command(req: LeaderboardRequest) -> int:
     if req.protocol and not runs_dir(req.results, req.protocol).is_dir():
         raise SweepError(f"--protocol: no records of protocol {req.protocol!r} under {req.results} "
                          f"(expected {runs_dir(req.results, req.protocol)}/*.json)")
-    built = [build_leaderboard(req.results, n, req.out) for n in names]
+    built = [build_leaderboard(req.results, n, req.out, version=req.protocol_version) for n in names]
     return 0 if all(built) else 1
 
 
@@ -191,10 +207,13 @@ def leaderboard_from_mlflow(req: LeaderboardRequest) -> int:
     experiment = req.experiment or req.protocol
     if not experiment:
         raise SweepError("--from-mlflow: name the MLflow experiment with --experiment NAME")
-    records = records_from_mlflow(req.from_mlflow, experiment)
-    if not records:
+    from ..execution.views import view_records
+
+    found = records_from_mlflow(req.from_mlflow, experiment)
+    if not found:
         raise SweepError(f"--from-mlflow: experiment {experiment!r} at {req.from_mlflow} "
                          "holds no cl-bench records")
+    records = view_records(found, req.protocol_version)
     target = Path(req.out) if req.out else Path(req.results) / f"mlflow-{experiment}" / "site"
     index = build_site(records, target)
     print(f"leaderboard: {len(records)} records from MLflow experiment {experiment!r}: {Path(index).resolve()}")
@@ -205,9 +224,10 @@ def export_command(req: ExportRequest) -> int:
     """`cl-bench export`: the tidy table (one row per record) as CSV or Parquet."""
     from ..execution.plan import SweepError
     from ..execution.store import load_records
+    from ..execution.views import view_records
     from ..outputs.export import export_table
 
-    records = load_records(req.results, req.protocol)
+    records = view_records(load_records(req.results, req.protocol, log=print), req.protocol_version)
     if not records:
         where = Path(req.results) / (req.protocol or "<protocol>") / "runs"
         raise SweepError(f"--results: no records found under {where}")
@@ -297,13 +317,51 @@ def submit_command(req: SubmitRequest) -> int:
         return 2
     s = req.sweep
     sub = prepare(req.file, s.protocol, s.results, datasets=s.datasets, regimes=s.regimes,
-                  orders=s.orders, retry_failed=s.retry_failed)
+                  orders=s.orders, plan=lambda protocol: plan_sweep(s, protocol))
     print(f"\nsubmission {sub.method!r} from {sub.file} (sha256 {sub.info['sha256'][:16]}...)")
     print(format_plan(sub.protocol, sub.plan, s.results))
     if s.dry_run:
         return 0
-    return _sweep_and_report(s, sub.protocol, sub.plan, _options(s, submission=sub.info), of=f" of {sub.method!r}")
+    result = _sweep_and_report(s, sub.protocol, sub.plan, _options(s, submission=sub.info), of=f" of {sub.method!r}")
+    if result.written and not result.statuses.get("ok"):
+        errors = _distinct_errors(s.results, sub.protocol.name, result.failed_ids)
+        print(f"submit: no run of {sub.method!r} finished ok; {len(errors)} distinct error(s):", file=sys.stderr)
+        for error, count in errors:
+            print(f"  {count} x {error}", file=sys.stderr)
+        return max(_exit_code(result), 1)
+    return _exit_code(result)
+
+
+def _exit_code(result) -> int:
+    """0 for a sweep that ran out; 128 + the signal number for one stopped by SIGINT/SIGTERM."""
+    return {"SIGINT": 130, "SIGTERM": 143}.get(result.signal, 130) if result.interrupted else 0
+
+
+def _distinct_errors(results, protocol_name: str, run_ids) -> list[tuple[str, int]]:
+    """(one-line error, how many runs) of the given records, most frequent first."""
+    from collections import Counter
+
+    from ..config.text import terminal_safe
+    from ..execution.store import read_record, runs_dir
+
+    errors = Counter()
+    for run_id in run_ids:
+        record, _ = read_record(runs_dir(results, protocol_name) / f"{run_id}.json", protocol_name)
+        errors[terminal_safe(record.error or record.status) if record else "(record unreadable)"] += 1
+    return errors.most_common()
+
+
+def reproduce_run(req: ReproduceRequest) -> int:
+    """`cl-bench reproduce RUN_ID`: rerun one record and compare; 0 when reproduced, 1 when not."""
+    from ..config.text import terminal_safe
+    from ..execution.reproduce import describe, reproduce
+
+    rep = reproduce(req.run_id, req.results, data_dir=req.data_dir, device=req.device, out=req.out)
+    for line in describe(rep):
+        print(terminal_safe(line))
+    return 0 if rep.verdict in ("bitwise", "metrics") else 1
 
 
 COMMANDS = {"run": run_command, "list": list_command, "leaderboard": leaderboard_command,
-            "export": export_command, "check": check_command, "submit": submit_command}
+            "export": export_command, "check": check_command, "submit": submit_command,
+            "reproduce": reproduce_run}

@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub, fmt)
     _add_check(sub, fmt)
     _add_submit(sub, fmt)
+    _add_reproduce(sub, fmt)
     return parser
 
 
@@ -172,6 +173,8 @@ def _add_leaderboard(sub, fmt) -> None:
     lb.add_argument("--from-mlflow", metavar="URI",
                     help="build from the record artifacts of an MLflow experiment instead of --results")
     lb.add_argument("--experiment", help="MLflow experiment with --from-mlflow (default: --protocol)")
+    lb.add_argument("--protocol-version", metavar="VERSION",
+                    help="the protocol version to show (default: the newest with records); a board shows one")
 
 
 def _add_export(sub, fmt) -> None:
@@ -181,6 +184,8 @@ def _add_export(sub, fmt) -> None:
     exp.add_argument("--protocol", help="only this protocol's records (default: every protocol found)")
     exp.add_argument("--format", choices=("csv", "parquet"), default="csv", help="default: csv")
     exp.add_argument("--out", help="output file (default: <results>/records.<format>)")
+    exp.add_argument("--protocol-version", metavar="VERSION",
+                     help="the protocol version to export (default: the newest with records, per protocol)")
 
 
 def _add_check(sub, fmt) -> None:
@@ -191,6 +196,27 @@ def _add_check(sub, fmt) -> None:
     chk.add_argument("file", metavar="FILE", help="adapter file (.py), or the name of a registered method")
     chk.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                      help="device of the check runs (default: cpu, where runs are bitwise reproducible)")
+
+
+REPRODUCE_EXAMPLES = """examples:
+  cl-bench reproduce 3f2a9c1b7d04                     # a record under results/
+  cl-bench reproduce 3f2a9c1b7d04 --results out/ --out rerun/
+exit code: 0 when the rerun equals the record (bitwise, or its metrics within 1e-6), 1 when it differs
+"""
+
+
+def _add_reproduce(sub, fmt) -> None:
+    rep = sub.add_parser("reproduce", help="rerun one record in a temporary folder and compare it with the record",
+                         epilog=REPRODUCE_EXAMPLES, formatter_class=fmt,
+                         description="Find the record RUN_ID under --results, rerun its spec with the same method "
+                                     "code and data (checked by their fingerprints) and report whether the new "
+                                     "record is bitwise equal, equal in its metrics, or different.")
+    rep.add_argument("run_id", metavar="RUN_ID", help="the record's run id (12 hex digits; the record's file name)")
+    rep.add_argument("--results", default="results", help="results folder holding the record (default: results/)")
+    rep.add_argument("--data-dir", help=f"folder holding torchvision data sets (default: ${DATA_ENV}, else ./data)")
+    rep.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                     help="device of the rerun (default: the record's own device)")
+    rep.add_argument("--out", help="keep the rerun's record in this folder (default: a temporary folder, removed)")
 
 
 def _add_submit(sub, fmt) -> None:

@@ -75,6 +75,7 @@ class LeaderboardRequest:
     out: str | None = None
     from_mlflow: str | None = None
     experiment: str | None = None
+    protocol_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,18 @@ class ExportRequest:
     results: str = "results"
     protocol: str | None = None
     format: str = "csv"
+    out: str | None = None
+    protocol_version: str | None = None
+
+
+@dataclass(frozen=True)
+class ReproduceRequest:
+    """Rerun one record and compare the rerun with it."""
+
+    run_id: str
+    results: str = "results"
+    data_dir: str | None = None
+    device: str | None = None
     out: str | None = None
 
 
@@ -111,7 +124,12 @@ def request_from_args(args: argparse.Namespace):
         return ListRequest(what=args.what, method_files=tuple(args.method))
     if args.command == "leaderboard":
         return LeaderboardRequest(results=args.results, protocol=args.protocol, out=args.out,
-                                  from_mlflow=args.from_mlflow, experiment=args.experiment)
+                                  from_mlflow=args.from_mlflow, experiment=args.experiment,
+                                  protocol_version=args.protocol_version)
     if args.command == "export":
-        return ExportRequest(results=args.results, protocol=args.protocol, format=args.format, out=args.out)
+        return ExportRequest(results=args.results, protocol=args.protocol, format=args.format, out=args.out,
+                             protocol_version=args.protocol_version)
+    if args.command == "reproduce":
+        return ReproduceRequest(run_id=args.run_id, results=args.results, data_dir=args.data_dir,
+                                device=args.device, out=args.out)
     raise ValueError(f"no request type for command {args.command!r}")

@@ -10,7 +10,7 @@ from .errors import UserError
 from .paths import protocol_dirs
 from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
 from .vocabulary import (DATASET_NAMES, DATASETS, MODELS, NAME_RULE, OPTIMIZERS, PRETRAIN_MODES,
-                         REGIME_GRAMMAR, SCENARIOS, USER_DATA_DEFAULT_MODEL, is_dataset_name, is_regime_name,
+                         NPZ_PREFIX, REGIME_GRAMMAR, SCENARIOS, USER_DATA_DEFAULT_MODEL, is_dataset_name, is_regime_name,
                          is_valid_name, regime_depth)
 
 PROTOCOL_KEYS = ("name", "version", "description", "scenario", "pretrain", "datasets", "regimes",
@@ -23,6 +23,9 @@ TRAINING_KEYS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
 RESOURCE_KEYS = ("num_cpus", "num_gpus")
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
 MAX_ORDERS = 1000
+# YAML aliases share nodes: a 1 KB file can expand to billions ("billion laughs"). A protocol
+# has a few hundred nodes; refuse to build more than this many.
+MAX_YAML_NODES = 100_000
 
 
 class ProtocolError(UserError, ValueError):
@@ -60,7 +63,7 @@ def load_protocol(name_or_path: str, registry) -> Protocol:
 
     path = resolve_protocol_path(name_or_path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = bounded_yaml(path.read_text(), str(path))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
@@ -70,13 +73,45 @@ def load_protocol(name_or_path: str, registry) -> Protocol:
     return parse_protocol(raw, str(path), registry)
 
 
+def bounded_yaml(text: str, source: str):
+    """yaml.safe_load, refusing documents whose aliases expand past MAX_YAML_NODES nodes."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, {})
+        if size > MAX_YAML_NODES:
+            raise ProtocolError(f"{source}: its YAML aliases expand to more than {MAX_YAML_NODES:,} nodes; "
+                                "allowed: a protocol without alias bombs (write the values out)")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node, memo: dict) -> int:
+    """Nodes after every alias is expanded (memoised: shared nodes are counted, not walked, again)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = MAX_YAML_NODES + 1  # a node inside itself (recursive alias) is unbounded
+    if isinstance(node.value, list):
+        children = [c for item in node.value for c in (item if isinstance(item, tuple) else (item,))]
+        size = 1 + sum(min(_expanded_size(c, memo), MAX_YAML_NODES + 1) for c in children)
+    else:
+        size = 1
+    memo[id(node)] = size
+    return size
+
+
 def parse_protocol(raw, source: str, registry) -> Protocol:
     """Validate an already-parsed YAML mapping (see `load_protocol`)."""
     v = _Validator(source)
     v.mapping(raw, "(top level)", PROTOCOL_KEYS, REQUIRED_KEYS)
     name = v.name(raw["name"], "name")
     version = v.version(raw["version"])
-    datasets = v.datasets(raw["datasets"])
+    datasets, written = v.datasets(raw["datasets"])
     regimes = v.regimes(raw["regimes"], datasets)
     methods = v.methods(raw["methods"], registry)
     orders, order_seed = v.task_orders(raw.get("task_orders", {"count": 1, "seed": 0}), datasets)
@@ -88,7 +123,7 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
         order_seed=order_seed, seeds=v.seeds(raw.get("seeds", [0])),
         training=v.training(raw.get("training", {})),
         eval_batch_size=v.evaluation(raw.get("evaluation", {})), source=source,
-        resources=v.resources(raw.get("resources", {})))
+        resources=v.resources(raw.get("resources", {})), written_names=written)
 
 
 class _Validator:
@@ -145,6 +180,20 @@ class _Validator:
                            "null and lists/mappings of them")
         return value
 
+    def hparam(self, value, key, adapter, name):
+        """A hyperparameter of one of the JSON types its default (or the adapter) allows."""
+        self.plain(value, key)
+        default = adapter.defaults[name]
+        kinds = tuple(getattr(adapter, "hparam_types", {}).get(name, ())) or _kinds_of(default)
+        if kinds is None:
+            return value  # a null default says nothing about the type: the adapter checks it
+        if float in kinds and not isinstance(value, bool) and isinstance(value, int):
+            return float(value)  # 1 and 1.0 are one setting, with one run id
+        if any(_is_kind(value, k) for k in kinds):
+            return value
+        self.fail(key, f"{_show(value)} is not allowed; allowed: {' or '.join(_KIND_NAMES[k] for k in kinds)} "
+                       f"(the default is {_show(default)})")
+
     def choice(self, value, key, allowed):
         if value not in allowed:
             self.fail(key, f"{_show(value)} is not allowed; allowed: {', '.join(allowed)}")
@@ -167,7 +216,7 @@ class _Validator:
         return value
 
     def datasets(self, value):
-        out = []
+        out, written = [], {}
         for i, entry in enumerate(self.nonempty_list(value, "datasets")):
             key = f"datasets[{i}]"
             if isinstance(entry, str):
@@ -176,6 +225,9 @@ class _Validator:
             name = self.string(entry["name"], f"{key}.name")
             if not is_dataset_name(name):
                 self.fail(f"{key}.name", f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}, npz:PATH")
+            if name.startswith(NPZ_PREFIX):
+                resolved = self.npz_name(name, f"{key}.name")
+                written[name], name = resolved, resolved
             facts = DATASETS.get(name)
             n_classes, default_model = (facts.n_classes, facts.default_model) if facts else \
                 (None, USER_DATA_DEFAULT_MODEL)
@@ -193,7 +245,18 @@ class _Validator:
             out.append(DatasetSpec(name, n_tasks, cpt, model))
         if len({d.name for d in out}) != len(out):
             self.fail("datasets", "a dataset is listed twice")
-        return tuple(out)
+        return tuple(out), written
+
+    def npz_name(self, name: str, key: str) -> str:
+        """`npz:PATH` with PATH absolute: a relative path is relative to the protocol file."""
+        raw = name[len(NPZ_PREFIX):]
+        try:
+            path = Path(raw).expanduser()
+            if not path.is_absolute():
+                path = Path(self.source).resolve().parent / path
+            return NPZ_PREFIX + str(path.resolve())
+        except (OSError, RuntimeError, ValueError) as exc:  # ~nobody, NUL byte, a loop of links
+            self.fail(key, f"{_show(name)} is not a usable path ({exc}); allowed: npz:PATH to an .npz file")
 
     def regimes(self, value, datasets):
         out = []
@@ -223,11 +286,12 @@ class _Validator:
             if name not in registry:
                 self.fail(f"{key}.name", f"unknown method {name!r}; allowed: {', '.join(sorted(registry))}")
             label = self.string(entry.get("label", ""), f"{key}.label")
+            adapter = registry[name]
             hparams = entry.get("hparams", {}) or {}
-            self.mapping(hparams, f"{key}.hparams", tuple(registry[name].defaults) or ("(none)",))
-            for k, v in hparams.items():
-                self.plain(v, f"{key}.hparams.{k}")
-            out.append(MethodSpec(name, {**registry[name].defaults, **hparams}, label))
+            self.mapping(hparams, f"{key}.hparams", tuple(adapter.defaults) or ("(none)",))
+            hparams = {k: self.hparam(v, f"{key}.hparams.{k}", adapter, k) for k, v in hparams.items()}
+            out.append(MethodSpec(name, {**adapter.defaults, **hparams}, label,
+                                  getattr(adapter, "implementation", "")))
         displays = [m.display for m in out]
         for d in displays:
             if displays.count(d) > 1:
@@ -283,6 +347,28 @@ class _Validator:
         return {k: self.number(v, f"resources.{k}", 0.0) for k, v in value.items()}
 
 
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+               list: "a list", dict: "a mapping", None: "null"}
+
+
+def _kinds_of(default):
+    """The JSON kinds a hyperparameter with this default accepts (None: any)."""
+    if default is None:
+        return None
+    for kind in (bool, int, float, str, list, dict):
+        if isinstance(default, kind):
+            return (kind,)
+    return None
+
+
+def _is_kind(value, kind) -> bool:
+    if kind is None:
+        return value is None
+    if kind in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, kind)
+
+
 def _show(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -304,6 +390,8 @@ def select(protocol: Protocol, *, datasets=None, methods=None, regimes=None, ord
         if orders < 1 or orders > len(protocol.task_orders):
             raise ProtocolError(f"--orders: {orders} is out of range; allowed: 1..{len(protocol.task_orders)}")
         new_orders = protocol.task_orders[:orders]
+    if datasets:  # an npz data set may be named as the protocol file wrote it
+        datasets = [protocol.written_names.get(d, d) for d in datasets]
     return dataclasses.replace(
         protocol, datasets=pick(protocol.datasets, datasets, lambda d: d.name, "--datasets"),
         methods=pick(protocol.methods, methods, lambda m: m.display, "--methods"),

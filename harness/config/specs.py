@@ -5,7 +5,9 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-SCHEMA_VERSION = 1
+# 2: run ids cover the method's implementation and the data's content (RunSpec.method_version,
+# RunSpec.data_fingerprint); records of schema 1 are foreign to this harness, never re-keyed.
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -32,11 +34,13 @@ class TrainingSpec:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method entry of a protocol: registry name, display label and hyperparameters."""
+    """A method entry of a protocol: registry name, display label, hyperparameters, and the
+    implementation the registry resolved the name to (part of every run id)."""
 
     name: str
     hparams: dict = field(default_factory=dict)
     label: str = ""
+    version: str = ""
 
     @property
     def display(self) -> str:
@@ -63,11 +67,20 @@ class Protocol:
     eval_batch_size: int
     source: str = ""
     resources: dict = field(default_factory=dict)
+    # npz data sets: the name as the protocol file wrote it -> the resolved name (for --datasets)
+    written_names: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Everything that determines one run; its hash is the run id."""
+    """Everything that determines one run; its hash is the run id.
+
+    Beyond the protocol's settings, the identity covers what else changes a result: the
+    protocol version, `method_version` (a built-in adapter's declared version, or the content
+    hash of the file or module that defines the method) and `data_fingerprint` (the content
+    hash of the loaded data). The planner fills both; a spec made by hand may leave them
+    empty, and the engine then checks nothing against them.
+    """
 
     protocol: str
     protocol_version: str
@@ -83,6 +96,8 @@ class RunSpec:
     pretrain: str
     training: TrainingSpec
     eval_batch_size: int
+    method_version: str = ""
+    data_fingerprint: str = ""
 
     def to_dict(self) -> dict:
         """Plain-JSON form (tuples become lists)."""

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..config.errors import UserError
 from ..config.specs import DatasetSpec, Protocol, RunSpec
-from ..config.vocabulary import DATASETS
+from ..config.vocabulary import DATASETS, NPZ_PREFIX
 from .store import runs_dir, scan_runs
 
 
@@ -32,8 +32,29 @@ def _n_classes(dataset: DatasetSpec) -> int:
     return load_dataset(dataset.name).n_classes
 
 
-def expand(protocol: Protocol) -> tuple[RunSpec, ...]:
-    """The grid: dataset x regime x method x task order x seed, each a RunSpec."""
+def data_fingerprints(protocol: Protocol, data_dir: str | None = None, download: bool = False,
+                      allow_missing: bool = False) -> dict:
+    """The content fingerprint of each data set (None for a missing one when `allow_missing`)."""
+    from ..run.datasets import DatasetError, dataset_fingerprint
+
+    out = {}
+    for d in protocol.datasets:
+        try:
+            out[d.name] = dataset_fingerprint(d.name, data_dir, download)
+        except DatasetError:
+            if not allow_missing or d.name.startswith(NPZ_PREFIX):  # a user's own file: say what is wrong now
+                raise
+            out[d.name] = None
+    return out
+
+
+def expand(protocol: Protocol, fingerprints: dict | None = None) -> tuple[RunSpec, ...]:
+    """The grid: dataset x regime x method x task order x seed, each a RunSpec.
+
+    `fingerprints` (data set name -> content fingerprint, see `data_fingerprints`) complete
+    the run identity; without them every data set is fingerprinted here.
+    """
+    fingerprints = data_fingerprints(protocol) if fingerprints is None else fingerprints
     specs = []
     for d in protocol.datasets:
         n_classes = _n_classes(d)
@@ -48,7 +69,8 @@ def expand(protocol: Protocol) -> tuple[RunSpec, ...]:
                             regime=regime, method=m.name, label=m.label, hparams=dict(m.hparams),
                             order=i, class_order=tuple(order), seed=seed, scenario=protocol.scenario,
                             pretrain=protocol.pretrain, training=protocol.training,
-                            eval_batch_size=protocol.eval_batch_size))
+                            eval_batch_size=protocol.eval_batch_size, method_version=m.version,
+                            data_fingerprint=fingerprints.get(d.name) or ""))
     return tuple(specs)
 
 
@@ -61,6 +83,8 @@ class Plan:
     todo: tuple
     invalid: tuple
     stray: tuple
+    foreign: tuple = ()
+    missing_data: tuple = ()  # data sets not present (dry run): their run ids are not known yet
 
     def counts(self) -> dict:
         """Number of distinct values per axis, and run totals."""
@@ -71,18 +95,21 @@ class Plan:
                 "done": len(self.done), "todo": len(self.todo)}
 
 
-def make_plan(protocol: Protocol, results: str | Path, retry_failed: bool = False,
-              only: tuple = ()) -> Plan:
+def make_plan(protocol: Protocol, results: str | Path, retry_failed: bool = False, only: tuple = (),
+              fingerprints: dict | None = None) -> Plan:
     """Expand the protocol and split it into finished runs and runs to do."""
-    specs = expand(protocol)
+    specs = expand(protocol, fingerprints)
+    missing = tuple(sorted({s.dataset.name for s in specs if not s.data_fingerprint})) if fingerprints else ()
     if only:
         unknown = set(only) - {s.run_id for s in specs}
         if unknown:
             raise SweepError(f"--only: run id(s) {', '.join(sorted(unknown))} are not in protocol "
-                             f"{protocol.name!r} (see --dry-run --list)")
+                             f"{protocol.name!r} version {protocol.version} (its run ids are the record file "
+                             f"names under {runs_dir(results, protocol.name)}; `cl-bench reproduce RUN_ID` "
+                             "reruns one record)")
         specs = tuple(s for s in specs if s.run_id in only)
     scan = scan_runs(runs_dir(results, protocol.name))
     ids = {s.run_id for s in specs}
     done = {k: v for k, v in scan.valid.items() if k in ids and not (retry_failed and not v.ok)}
-    todo = tuple(s for s in specs if s.run_id not in done)
-    return Plan(specs, done, todo, tuple(scan.invalid), tuple(scan.stray))
+    todo = tuple(s for s in specs if s.run_id not in done and s.dataset.name not in missing)
+    return Plan(specs, done, todo, tuple(scan.invalid), tuple(scan.stray), tuple(scan.foreign), missing)

@@ -1,8 +1,163 @@
-"""How to rerun one record: the command the site shows and the CLI prints."""
+"""Rerunning one record (`cl-bench reproduce`) and the command the site shows for it.
+
+The rerun takes the record's own spec — method implementation and data fingerprint
+included, so the engine refuses a changed method file or changed data — runs it in a
+temporary folder, and compares the new record with the stored one.
+"""
 from __future__ import annotations
 
+import re
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-def reproduce_command(protocol: str, run_id: str, results: str | None = None) -> str:
-    """The command that reruns exactly one record of `protocol`."""
-    cmd = f"cl-bench run --protocol {protocol} --only {run_id}"
-    return f"{cmd} --results {results}" if results else cmd
+from ..config.specs import RunRecord
+from .plan import SweepError
+from .store import discover_protocol_dirs, read_record, write_record
+
+# What a rerun must reproduce; timings and provenance (host, time) may differ.
+COMPARED = ("status", "acc_matrix", "init_acc", "metrics", "update_norms", "diagnostics", "params",
+            "regime_depth", "n_blocks")
+METRIC_TOLERANCE = 1e-6
+_RUN_ID = re.compile(r"^[0-9a-f]{12}$")
+
+
+def reproduce_command(run_id: str, results: str | None = None) -> str:
+    """The shell-quoted command that reruns one record in a temporary folder and compares it."""
+    cmd = ["cl-bench", "reproduce", run_id]
+    if results:
+        cmd += ["--results", str(results)]
+    return shlex.join(cmd)
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """A record, its rerun, and how they compare: `bitwise`, `metrics` (within tolerance) or `differs`."""
+
+    record: RunRecord
+    path: Path
+    rerun: RunRecord
+    rerun_path: Path | None
+    verdict: str
+    differences: tuple[str, ...]
+    max_delta: float
+    seconds: float
+
+
+def find_record(run_id: str, results) -> tuple[RunRecord, Path]:
+    """The valid record `run_id` under a results folder (any protocol); a SweepError otherwise."""
+    if not _RUN_ID.match(run_id):
+        raise SweepError(f"RUN_ID: {run_id!r} is not a run id; allowed: 12 hex digits (a record's file name)")
+    folders = discover_protocol_dirs(results)
+    for folder in folders:
+        path = folder / "runs" / f"{run_id}.json"
+        if path.exists() or path.is_symlink():
+            record, problem = read_record(path, folder.name)
+            if problem:
+                raise SweepError(f"{path}: is {problem.kind} ({problem.reason}); it cannot be reproduced")
+            return record, path
+    where = ", ".join(str(f / "runs") for f in folders) or f"{results} (no <protocol>/runs/ folders)"
+    raise SweepError(f"RUN_ID: no record {run_id} under {where}")
+
+
+def method_files(record: RunRecord) -> tuple[str, ...]:
+    """The method file a record was made with (none for built-ins); it must still be there, unchanged."""
+    from ..methods.registry import get_registry
+
+    source = ((record.provenance or {}).get("method") or {}).get("source", "built-in")
+    files = () if source == "built-in" or source.startswith("entry point") else (source,)
+    if files and not Path(source).is_file():
+        raise SweepError(f"{source}: the method file this record was made with is not there; restore it "
+                         f"(implementation {record.spec.method_version}) to reproduce the record")
+    adapter = get_registry(files).get(record.spec.method)
+    if adapter is None:
+        raise SweepError(f"method {record.spec.method!r} of the record is not registered here "
+                         f"(it came from {source}); install or restore it to reproduce the record")
+    if adapter.implementation != record.spec.method_version:
+        raise SweepError(f"method {record.spec.method!r} changed since the record was made (implementation "
+                         f"{record.spec.method_version}, now {adapter.implementation} from {adapter.source}); "
+                         "restore that version to reproduce the record")
+    return files
+
+
+def reproduce(run_id: str, results="results", data_dir: str | None = None, device: str | None = None,
+              out: str | None = None) -> Reproduction:
+    """Rerun record `run_id` (inline, one torch thread, as workers run) and compare."""
+    from ..run.engine import resolve_device, run_one
+    from .executors.base import init_worker
+
+    record, path = find_record(run_id, results)
+    files = method_files(record)
+    device = device or (record.provenance or {}).get("device") or "auto"
+    try:
+        resolve_device(device)
+    except ValueError as exc:
+        raise SweepError(f"--device: {exc}") from None
+    init_worker(1)
+    started = time.perf_counter()
+    rerun = run_one(record.spec, data_dir=data_dir, device=device, method_files=files,
+                    submission=record.submission)
+    seconds = time.perf_counter() - started
+    rerun_path = _keep(rerun, out)
+    verdict, differences, delta = compare(record, rerun)
+    return Reproduction(record, path, rerun, rerun_path, verdict, differences, delta, seconds)
+
+
+def _keep(rerun: RunRecord, out: str | None) -> Path | None:
+    """Write the rerun's record under `out` (or a temporary folder that is removed)."""
+    if out is None:
+        with tempfile.TemporaryDirectory(prefix="cl-bench-reproduce-") as tmp:
+            write_record(Path(tmp) / rerun.spec.protocol / "runs", rerun)
+        return None
+    return write_record(Path(out) / rerun.spec.protocol / "runs", rerun)
+
+
+def _comparable(record: RunRecord) -> dict:
+    data = {k: getattr(record, k) for k in COMPARED}
+    data["diagnostics"] = {k: v for k, v in (data["diagnostics"] or {}).items() if k != "traceback"}
+    return data
+
+
+def compare(record: RunRecord, rerun: RunRecord) -> tuple[str, tuple[str, ...], float]:
+    """(verdict, fields that differ, largest difference of a metric or accuracy)."""
+    a, b = _comparable(record), _comparable(rerun)
+    differences = tuple(k for k in COMPARED if a[k] != b[k])
+    if not differences:
+        return "bitwise", (), 0.0
+    delta = _max_delta(record, rerun)
+    same_status = record.status == rerun.status
+    return ("metrics" if same_status and delta <= METRIC_TOLERANCE else "differs"), differences, delta
+
+
+def _max_delta(a: RunRecord, b: RunRecord) -> float:
+    """Largest |difference| over the metrics and the accuracy matrices (inf where shapes differ)."""
+    if set(a.metrics) != set(b.metrics) or len(a.acc_matrix) != len(b.acc_matrix):
+        return float("inf")
+    pairs = [(a.metrics[k], b.metrics[k]) for k in a.metrics]
+    for ra, rb in zip(a.acc_matrix, b.acc_matrix):
+        if len(ra) != len(rb):
+            return float("inf")
+        pairs += list(zip(ra, rb))
+    return max((abs(x - y) for x, y in pairs), default=0.0)
+
+
+def describe(rep: Reproduction) -> list[str]:
+    """The report lines of a reproduction."""
+    s = rep.record.spec
+    lines = [f"record {rep.record.run_id}: protocol {s.protocol} v{s.protocol_version}, {s.dataset.name} / "
+             f"{s.regime} / {rep.record.method}, order {s.order}, seed {s.seed} ({rep.path})",
+             f"rerun ({rep.rerun.status}, {rep.seconds:.1f} s)" + (f", kept in {rep.rerun_path}" if rep.rerun_path else "")]
+    if rep.verdict == "bitwise":
+        lines.append(f"reproduced: bitwise equal ({', '.join(COMPARED)})")
+    elif rep.verdict == "metrics":
+        lines.append(f"reproduced within {METRIC_TOLERANCE:g}: metrics and accuracies equal to "
+                     f"{rep.max_delta:.2g}; not bitwise ({', '.join(rep.differences)} differ)")
+    else:
+        detail = ", ".join(f"{k} {rep.record.metrics.get(k)!r} -> {rep.rerun.metrics.get(k)!r}"
+                           for k in ("acc", "forgetting") if rep.record.metrics.get(k) != rep.rerun.metrics.get(k))
+        status = "" if rep.record.status == rep.rerun.status else f"status {rep.record.status} -> {rep.rerun.status}; "
+        lines.append(f"NOT reproduced: {status}{detail or 'differences in ' + ', '.join(rep.differences)}"
+                     + (f" (error: {rep.rerun.error})" if rep.rerun.error and rep.rerun.status != "ok" else ""))
+    return lines

@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import numpy as np
+
 from ..config.specs import SCHEMA_VERSION, RunRecord, spec_hash
 from ..config.vocabulary import STATUSES
+from ..run.metrics import all_metrics, step_forgetting
 
 RECORD_KEYS = frozenset(f.name for f in fields(RunRecord))
 TMP_MARK = ".tmp-"
@@ -43,72 +47,172 @@ def write_record(folder: str | Path, record: RunRecord) -> Path:
     return final
 
 
-def validate_record(data, expected_run_id: str | None = None) -> str | None:
-    """None if the record is valid, else the reason it is not."""
+# A record is tens of kilobytes; a file far larger is not one (and would make a huge page).
+MAX_RECORD_BYTES = 16 * 2**20
+METRIC_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a record file is not counted: `corrupt` (damaged, edited) or `foreign` (another
+    protocol's, or written by an older cl-bench whose run ids did not cover code and data)."""
+
+    kind: str
+    reason: str
+
+
+def validate_record(data, expected_run_id: str | None = None, protocol: str | None = None) -> Problem | None:
+    """None if the record's JSON form is valid (for `protocol`'s folder, when given), else why not."""
     if not isinstance(data, dict):
-        return "not a JSON object"
+        return Problem("corrupt", "not a JSON object")
     if data.get("schema_version") != SCHEMA_VERSION:
-        return f"schema_version {data.get('schema_version')!r}, this harness reads {SCHEMA_VERSION}"
+        return Problem("foreign", f"schema_version {data.get('schema_version')!r}: written by another cl-bench "
+                                  f"(this one reads {SCHEMA_VERSION}, whose run ids cover the method's code and the "
+                                  "data); never counted, its run is redone under the new run id")
     keys = set(data)
     if keys != RECORD_KEYS:
         missing, extra = sorted(RECORD_KEYS - keys), sorted(keys - RECORD_KEYS)
-        return f"keys differ from the schema (missing {missing}, unexpected {extra})"
+        return Problem("corrupt", f"keys differ from the schema (missing {missing}, unexpected {extra})")
     if data["status"] not in STATUSES:
-        return f"status {data['status']!r} is not one of {', '.join(STATUSES)}"
+        return Problem("corrupt", f"status {data['status']!r} is not one of {', '.join(STATUSES)}")
     if not isinstance(data["spec"], dict) or spec_hash(data["spec"]) != data["run_id"]:
-        return "its spec does not hash to its run_id (edited or foreign record)"
+        return Problem("corrupt", "its spec does not hash to its run_id (edited or foreign record)")
     if expected_run_id is not None and data["run_id"] != expected_run_id:
-        return f"file name says {expected_run_id} but the record's run_id is {data['run_id']}"
+        return Problem("corrupt", f"file name says {expected_run_id} but the record's run_id is {data['run_id']}")
+    if protocol is not None and data["spec"].get("protocol") != protocol:
+        return Problem("foreign", f"a record of protocol {data['spec'].get('protocol')!r} in the folder of "
+                                  f"protocol {protocol!r}")
     return None
 
 
-def parse_record(data, expected_run_id: str | None = None) -> tuple[RunRecord | None, str | None]:
-    """(record, None) for a valid record's JSON form, (None, reason) otherwise."""
-    problem = validate_record(data, expected_run_id)
+def content_problem(record: RunRecord) -> Problem | None:
+    """None when the record's numbers are consistent: its metrics follow from its accuracy matrix."""
+    T = record.spec.dataset.n_tasks
+    R, b = record.acc_matrix, record.init_acc
+    if not record.ok:
+        if record.metrics:
+            return Problem("corrupt", f"a {record.status} record with metrics")
+        return None if _matrix_shape_ok(R, T, partial=True) else Problem("corrupt", "its accuracy matrix is malformed")
+    if not (_matrix_shape_ok(R, T) and _accuracies(b, T)):
+        return Problem("corrupt", f"its accuracy matrix is not {T}x{T} accuracies in [0, 1] with {T} initial ones")
+    expected = all_metrics(R, b)
+    if set(record.metrics) != set(expected):
+        return Problem("corrupt", f"its metrics {sorted(record.metrics)} are not {sorted(expected)}")
+    for name, value in expected.items():
+        got = record.metrics[name]
+        if not isinstance(got, (int, float)) or isinstance(got, bool) or abs(got - value) > METRIC_TOLERANCE:
+            return Problem("corrupt", f"its metrics do not follow from its accuracy matrix ({name} {got!r} "
+                                      f"recorded, {value:.6g} computed): edited or corrupt")
+    steps = (record.update_norms or {}).get("step_forgetting")
+    if steps is not None and not _same_series(steps, step_forgetting(np.asarray(R, dtype=float))):
+        return Problem("corrupt", "its step forgetting does not follow from its accuracy matrix")
+    return None
+
+
+def _accuracies(row, n: int) -> bool:
+    return isinstance(row, list) and len(row) == n and all(
+        isinstance(a, (int, float)) and not isinstance(a, bool) and 0.0 <= a <= 1.0 for a in row)
+
+
+def _matrix_shape_ok(R, T: int, partial: bool = False) -> bool:
+    if not isinstance(R, list) or len(R) > T or (not partial and len(R) != T):
+        return False
+    return all(_accuracies(row, T) for row in R) if not partial else all(isinstance(r, list) for r in R)
+
+
+def _same_series(a, b) -> bool:
+    return len(a) == len(b) and all((x is None and y is None) or (
+        x is not None and y is not None and abs(x - y) <= METRIC_TOLERANCE) for x, y in zip(a, b))
+
+
+def parse_record(data, expected_run_id: str | None = None,
+                 protocol: str | None = None) -> tuple[RunRecord | None, Problem | None]:
+    """(record, None) for a valid, consistent record's JSON form, (None, problem) otherwise."""
+    problem = validate_record(data, expected_run_id, protocol)
     if problem:
         return None, problem
     try:
-        return RunRecord.from_dict(data), None
+        record = RunRecord.from_dict(data)
     except (TypeError, ValueError, KeyError) as exc:
-        return None, f"its spec does not have the schema's shape ({exc})"
+        return None, Problem("corrupt", f"its spec does not have the schema's shape ({exc})")
+    problem = content_problem(record)
+    return (None, problem) if problem else (record, None)
 
 
-def read_record(path: str | Path) -> tuple[RunRecord | None, str | None]:
-    """(record, None) for a valid record file, (None, reason) otherwise."""
+def read_bounded(path: Path) -> bytes:
+    """The bytes of a regular file of at most MAX_RECORD_BYTES; OSError(reason) otherwise.
+
+    Opened without following a link and without blocking, so a FIFO or a link to a device
+    named *.json cannot hang or exhaust a command that reads the folder.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if path.is_symlink():
+            raise OSError("a symbolic link; records are regular files") from None
+        raise OSError(exc.strerror or str(exc)) from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError("not a regular file (a FIFO, device or folder); records are regular files")
+        if info.st_size > MAX_RECORD_BYTES:
+            raise OSError(f"{info.st_size / 2**20:.0f} MiB; a record is at most {MAX_RECORD_BYTES // 2**20} MiB")
+        data = fh.read(MAX_RECORD_BYTES + 1)
+    if len(data) > MAX_RECORD_BYTES:
+        raise OSError(f"over {MAX_RECORD_BYTES // 2**20} MiB; a record is at most {MAX_RECORD_BYTES // 2**20} MiB")
+    return data
+
+
+def read_record(path: str | Path, protocol: str | None = None) -> tuple[RunRecord | None, Problem | None]:
+    """(record, None) for a valid record file, (None, problem) otherwise."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, f"unreadable: {exc}"
+        data = json.loads(read_bounded(path).decode("utf-8"))
+    except OSError as exc:
+        return None, Problem("corrupt", f"unreadable: {exc}")
+    except UnicodeDecodeError as exc:
+        return None, Problem("corrupt", f"not UTF-8 text: {exc}")
     except json.JSONDecodeError as exc:
-        return None, f"not valid JSON (truncated?): {exc.msg} at line {exc.lineno}"
-    return parse_record(data, expected_run_id=path.stem)
+        return None, Problem("corrupt", f"not valid JSON (truncated?): {exc.msg} at line {exc.lineno}")
+    except RecursionError:
+        return None, Problem("corrupt", "nested too deeply to be a record")
+    return parse_record(data, expected_run_id=path.stem, protocol=protocol)
 
 
 @dataclass
 class Scan:
-    """What a runs folder holds: valid records, invalid files with reasons, stray temp files."""
+    """What a runs folder holds: valid records, corrupt and foreign files with reasons, stray temp files."""
 
     valid: dict = field(default_factory=dict)
-    invalid: list = field(default_factory=list)
+    invalid: list = field(default_factory=list)   # (path, reason): damaged or edited; its run is redone
+    foreign: list = field(default_factory=list)   # (path, reason): another protocol's or an older harness's
     stray: list = field(default_factory=list)
+
+    def report(self, log=print) -> None:
+        """One line per file that is not counted (each scan reports each file once)."""
+        for path, reason in self.invalid:
+            log(f"note: {path} is invalid ({reason}); it is not counted and its run will be redone")
+        for path, reason in self.foreign:
+            log(f"note: {path} is foreign ({reason}); it is not counted")
 
 
 def scan_runs(folder: str | Path) -> Scan:
-    """Read every record file of a runs folder; nothing is skipped silently."""
+    """Read every record file of `<results>/<protocol>/runs`; nothing is skipped silently."""
     scan = Scan()
     folder = Path(folder)
     if not folder.is_dir():
         return scan
+    protocol = folder.parent.name
     for path in sorted(folder.iterdir()):
         if TMP_MARK in path.name:
             scan.stray.append(path)
         elif path.suffix == ".json":
-            record, problem = read_record(path)
-            if problem:
-                scan.invalid.append((path, problem))
-            else:
+            record, problem = read_record(path, protocol)
+            if problem is None:
                 scan.valid[record.run_id] = record
+            else:
+                (scan.foreign if problem.kind == "foreign" else scan.invalid).append((path, problem.reason))
     return scan
 
 
@@ -120,48 +224,17 @@ def discover_protocol_dirs(results: str | Path) -> list[Path]:
     return sorted(p for p in results.iterdir() if (p / "runs").is_dir()) if results.is_dir() else []
 
 
-def load_records(results: str | Path, protocol_name: str | None = None) -> list[RunRecord]:
-    """Valid records under `<results>/<protocol>/runs` (all protocols if none is named)."""
+def load_records(results: str | Path, protocol_name: str | None = None, log=None) -> list[RunRecord]:
+    """Valid records under `<results>/<protocol>/runs` (all protocols if none is named).
+
+    With `log`, every file that is not counted (corrupt or foreign) is reported once.
+    """
     folders = [runs_dir(results, protocol_name)] if protocol_name else \
         [p / "runs" for p in discover_protocol_dirs(results)]
     records = []
     for folder in folders:
-        records.extend(scan_runs(folder).valid.values())
+        scan = scan_runs(folder)
+        if log is not None:
+            scan.report(log)
+        records.extend(scan.valid.values())
     return records
-
-
-def _version_key(version: str):
-    parts = str(version).replace("-", ".").split(".")
-    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts]
-
-
-def current_records(records: list, version: str | None = None, log=print) -> list:
-    """The records of one protocol version (given, else the newest present).
-
-    Records of other versions are left out with a note, and cells that hold two records
-    with different hyperparameters under the same method name (a protocol edited without a
-    version bump) are reported, so nothing is mixed silently.
-    """
-    versions = sorted({r.spec.protocol_version for r in records}, key=_version_key)
-    if not versions:
-        return []
-    keep = version if version is not None else versions[-1]
-    chosen = [r for r in records if r.spec.protocol_version == keep]
-    if len(chosen) < len(records):
-        log(f"note: showing protocol version {keep}; {len(records) - len(chosen)} records of "
-            f"version(s) {', '.join(v for v in versions if v != keep)} are left out")
-    _report_conflicting_cells(chosen, log)
-    return chosen
-
-
-def _report_conflicting_cells(records: list, log) -> None:
-    cells: dict = {}
-    for r in records:
-        key = (r.dataset, r.spec.regime, r.method, r.spec.order, r.spec.seed)
-        cells.setdefault(key, set()).add(r.run_id)
-    clashes = [k for k, ids in cells.items() if len(ids) > 1]
-    if clashes:
-        d, reg, m, o, seed = clashes[0]
-        log(f"warning: {len(clashes)} cells hold several records with different settings under one "
-            f"method name (e.g. {m} on {d}/{reg}, order {o}, seed {seed}); the protocol was edited "
-            "without a new version — bump `version:` or give entries distinct labels")

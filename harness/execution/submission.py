@@ -53,8 +53,12 @@ def with_method(protocol, adapter):
 
 
 def prepare(path, protocol_name: str, results, *, datasets=None, regimes=None, orders=None,
-            retry_failed: bool = False) -> Submission:
-    """Load the file and the protocol, and plan the submission's grid against `results`."""
+            retry_failed: bool = False, plan=None) -> Submission:
+    """Load the file and the protocol, and plan the submission's grid against `results`.
+
+    `plan(protocol) -> Plan` plans the restricted protocol (default: `make_plan` with the data
+    sets fingerprinted from their default locations).
+    """
     from ..config.protocol import load_protocol, select
     from ..methods.registry import get_registry
     from .plan import make_plan
@@ -63,7 +67,8 @@ def prepare(path, protocol_name: str, results, *, datasets=None, regimes=None, o
     protocol = load_protocol(protocol_name, get_registry((str(path),)))
     protocol = select(with_method(protocol, adapter), datasets=datasets, regimes=regimes, orders=orders)
     info = submission_info(path)
-    plan = redo_other_versions(make_plan(protocol, results, retry_failed=retry_failed), info["sha256"])
+    planned = plan(protocol) if plan else make_plan(protocol, results, retry_failed=retry_failed)
+    plan = redo_other_versions(planned, info["sha256"])
     return Submission(adapter.name, protocol, plan, info, str(path))
 
 

@@ -22,6 +22,9 @@ from .gpm import GPM_DEFAULTS, GPMMemory, check_gpm_hparams, dataset_batches, sa
 BECAME_DEFAULTS = {"stage1_epochs": None, "stage2_epochs": None, "stage2_lr": None,
                    **GPM_DEFAULTS, "fisher_samples": 2048, "alpha": "auto",
                    "alpha_include_heads": False, "alpha_sweep": False}
+# Null defaults mean "the protocol's": the types a protocol may give instead.
+BECAME_TYPES = {"stage1_epochs": (int, None), "stage2_epochs": (int, None), "stage2_lr": (float, None),
+                "fisher_samples": (int, None), "alpha": (str, float)}
 SWEEP_GRID = tuple(i / 10 for i in range(11))
 
 
@@ -216,7 +219,7 @@ def build_became(ctx, **hparams):
 ADAPTERS = (
     MethodAdapter("became", dict(BECAME_DEFAULTS), build_became,
                   "BECAME: GPM stage + free stage, merged with a closed-form Bayesian coefficient",
-                  "Li et al., ICML 2025", family="gpm", prefix_cache=True, captions={
+                  "Li et al., ICML 2025", family="gpm", prefix_cache=True, hparam_types=BECAME_TYPES, captions={
                       "alpha": "BECAME merge coefficient α per task",
                       "alpha_closed_form": "closed-form α per task (before any fixed-α override)",
                       "gpm_memory_dims": "GPM memory dimension per layer after each task"}),

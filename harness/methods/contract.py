@@ -27,7 +27,12 @@ class MethodAdapter:
 
     `prefix_cache`: the method's records are the same with the frozen-prefix cache as
     without it (declare it only once a test shows it: tests/test_performance_paths.py);
-    `captions`: a short caption per diagnostic key, shown on the leaderboard.
+    `captions`: a short caption per diagnostic key, shown on the leaderboard;
+    `version`: a built-in's implementation version — bump it whenever the method's results
+    change, so that no old record is reused (files and entry points are identified by their
+    content hash instead); `hparam_types`: the JSON types a hyperparameter accepts where its
+    default's type does not say it (e.g. `{"alpha": (str, float)}`, `None` for null);
+    `implementation`: set by the registry, the identity that enters every run id.
     """
 
     name: str
@@ -39,6 +44,9 @@ class MethodAdapter:
     family: str = ""
     prefix_cache: bool = False
     captions: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    version: str = "1"
+    hparam_types: Mapping[str, tuple] = field(default_factory=lambda: MappingProxyType({}))
+    implementation: str = ""
 
 
 @dataclass(frozen=True)

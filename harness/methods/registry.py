@@ -41,9 +41,11 @@ def adapters_from_module(module, source: str) -> list[MethodAdapter]:
                             reference=str(getattr(module, "REFERENCE", "")),
                             family=str(getattr(module, "FAMILY", "submission")),
                             prefix_cache=getattr(module, "PREFIX_CACHE", False),
-                            captions=getattr(module, "CAPTIONS", {}))
+                            captions=getattr(module, "CAPTIONS", {}),
+                            hparam_types=getattr(module, "HPARAM_TYPES", {}))
     adapter = validate_adapter(adapter, source)
-    return [dataclasses.replace(adapter, defaults=dict(adapter.defaults), captions=dict(adapter.captions))]
+    return [dataclasses.replace(adapter, defaults=dict(adapter.defaults), captions=dict(adapter.captions),
+                                hparam_types=dict(adapter.hparam_types))]
 
 
 def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
@@ -67,7 +69,23 @@ def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
     captions = adapter.captions
     if not hasattr(captions, "items") or not all(isinstance(k, str) and isinstance(v, str) for k, v in captions.items()):
         raise RegistryError(f"{source}: CAPTIONS of {name!r} must map diagnostic keys to strings")
+    _check_hparam_types(adapter, source)
+    if not isinstance(adapter.version, str) or not adapter.version:
+        raise RegistryError(f"{source}: the version of {name!r} must be a non-empty string, got {adapter.version!r}")
     return adapter
+
+
+HPARAM_KINDS = (int, float, bool, str, list, dict, None)
+
+
+def _check_hparam_types(adapter: MethodAdapter, source: str) -> None:
+    types = adapter.hparam_types
+    ok = hasattr(types, "items") and all(
+        k in adapter.defaults and isinstance(v, tuple) and v and all(t in HPARAM_KINDS for t in v)
+        for k, v in types.items())
+    if not ok:
+        raise RegistryError(f"{source}: HPARAM_TYPES of {adapter.name!r} must map DEFAULTS keys to non-empty "
+                            "tuples of int, float, bool, str, list, dict or None")
 
 
 def _check_signature(build, defaults: dict, name: str, source: str) -> None:
@@ -133,21 +151,39 @@ def discover(extra_files=(), include_submissions: bool = True, include_entry_poi
     # A file reached twice (submissions/ and --method, or an installed entry point's own file)
     # counts once.
     seen: set = set()
-    sources = _remember(list(builtin_modules()), seen)
+    sources = [(m, s, "builtin") for m, s in _remember(list(builtin_modules()), seen)]
     if include_submissions:
-        sources += _file_modules(submission_files(), seen)
+        sources += [(m, s, "file") for m, s in _file_modules(submission_files(), seen)]
     if include_entry_points:
-        sources += _remember(list(_entry_point_modules()), seen)
-    sources += _file_modules(extra_files, seen)
+        sources += [(m, s, "entry point") for m, s in _remember(list(_entry_point_modules()), seen)]
+    sources += [(m, s, "file") for m, s in _file_modules(extra_files, seen)]
     registry: dict[str, MethodAdapter] = {}
     origin: dict[str, str] = {}
-    for module, source in sources:
+    for module, source, kind in sources:
         for adapter in adapters_from_module(module, source):
             if adapter.name in registry:
                 raise RegistryError(f"{source}: method name {adapter.name!r} is already defined by "
                                     f"{origin[adapter.name]}; choose another NAME")
-            registry[adapter.name], origin[adapter.name] = adapter, source
+            registry[adapter.name], origin[adapter.name] = identified(adapter, module, source, kind), source
     return registry
+
+
+def identified(adapter: MethodAdapter, module, source: str, kind: str) -> MethodAdapter:
+    """The adapter with its `implementation`: what enters every run id of the method.
+
+    Built-ins declare a version; a method file is identified by its content, an entry point by
+    the content of the file that defines it, so an edited method never reuses old records.
+    """
+    if kind == "builtin":
+        return dataclasses.replace(adapter, implementation=f"v{adapter.version}")
+    if kind == "file":
+        path = Path(source)
+    else:
+        path = getattr(module, "__file__", None) or inspect.getsourcefile(adapter.build)
+    digest = file_sha256(path)[:16] if path and Path(path).is_file() else None
+    if digest is None:  # no source to hash: the declared version is all there is
+        return dataclasses.replace(adapter, source=source, implementation=f"v{adapter.version}")
+    return dataclasses.replace(adapter, source=source, implementation=f"sha256:{digest}")
 
 
 def _remember(sources: list, seen: set) -> list:

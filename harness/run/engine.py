@@ -6,6 +6,7 @@ import time
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ from ..config.vocabulary import regime_depth
 from ..methods import contract
 from ..methods.contract import MethodContext, make_optimizer
 from ..methods.registry import get_registry
-from .datasets import load_dataset
+from .datasets import dataset_fingerprint, load_dataset
 from .evaluation import evaluate_tasks, task_accuracy
 from .metrics import all_metrics, step_forgetting
 from .models import build_model, shared_named_parameters, trainable_block_names
@@ -32,6 +33,10 @@ class AdapterError(RuntimeError):
     """The adapter broke the harness contract (wrong return type, plugins dropped, …)."""
 
 
+class IdentityError(RuntimeError):
+    """The method or the data is not the one the spec was planned with (changed since)."""
+
+
 @dataclass
 class _Progress:
     """What a run has measured so far; a failure keeps everything measured before it."""
@@ -44,6 +49,7 @@ class _Progress:
     diagnostics: dict = field(default_factory=dict)
     params: dict = field(default_factory=dict)
     n_blocks: int | None = None
+    method: dict = field(default_factory=dict)  # provenance: where the method's code came from
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -88,6 +94,7 @@ def run_one(spec: RunSpec, *, data_dir: str | None = None, download: bool = Fals
 def _execute(spec, progress, data_dir, download, device, method_files, observer=None) -> None:
     seed_everything(spec.seed)
     data = load_dataset(spec.dataset.name, data_dir, download)
+    _check_data(spec, data_dir, download)
     tasks = split_tasks(data, spec.class_order, spec.dataset.n_tasks,
                         spec.dataset.classes_per_task, spec.scenario)
     model = build_run_model(spec, data.input_shape).to(device)
@@ -96,7 +103,7 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     first_regime = "full" if spec.pretrain == "first-task" else spec.regime
     apply_regime(model, first_regime)
     harness_plugin = HarnessPlugin()
-    strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks)
+    strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks, progress)
     evaluate = eval_function()
     progress.init_acc = _timed_eval(model, tasks, spec, device, progress, evaluate)
     for t, experience in enumerate(to_avalanche(tasks).train_stream):
@@ -135,10 +142,34 @@ def build_run_model(spec: RunSpec, input_shape):
                        head_classes=cpt if task_il else n_tasks * cpt)
 
 
-def _build_strategy(spec, model, harness_plugin, device, method_files, tasks=()):
+def _check_data(spec: RunSpec, data_dir, download) -> None:
+    """The data must be the data the spec was planned with (its content fingerprint)."""
+    if not spec.data_fingerprint:
+        return
+    found = dataset_fingerprint(spec.dataset.name, data_dir, download)
+    if found != spec.data_fingerprint:
+        raise IdentityError(f"the data of {spec.dataset.name!r} changed since this run was planned (content "
+                            f"{found}, planned {spec.data_fingerprint}); plan the sweep again")
+
+
+def _resolve_adapter(spec: RunSpec, method_files, progress: _Progress):
+    """The registered adapter of the spec, which must be the implementation it was planned with."""
+    adapter = get_registry(method_files)[spec.method]
+    source = adapter.source
+    if source != "built-in" and Path(source).is_file():
+        source = str(Path(source).resolve())
+    progress.method = {"implementation": adapter.implementation, "source": source}
+    if spec.method_version and adapter.implementation != spec.method_version:
+        raise IdentityError(f"method {spec.method!r} is implementation {adapter.implementation} ({adapter.source}), "
+                            f"but this run was planned with {spec.method_version}: the method changed since; "
+                            "plan the sweep again")
+    return adapter
+
+
+def _build_strategy(spec, model, harness_plugin, device, method_files, tasks=(), progress=None):
     from avalanche.training.templates import BaseTemplate
 
-    adapter = get_registry(method_files)[spec.method]
+    adapter = _resolve_adapter(spec, method_files, progress or _Progress())
     ctx = MethodContext(
         model=model, optimizer=make_optimizer(spec.training, (p for p in model.parameters() if p.requires_grad)),
         criterion=torch.nn.CrossEntropyLoss(), train_mb_size=spec.training.batch_size,
@@ -220,15 +251,15 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
         regime_depth=regime_depth(spec.regime, n_blocks) if n_blocks is not None else None,
         timings={"total_s": total_s, "train_s": float(sum(progress.per_task_s)), "eval_s": progress.eval_s,
                  "per_task_s": progress.per_task_s})
-    prov = _provenance(device, submission)
+    prov = _provenance(device, submission, progress.method)
     if status != "ok":
         return failed_record(spec, error, status, prov, **measured)
     return RunRecord(run_id=spec.run_id, status=status, error=error, spec=spec,
                      metrics=all_metrics(rows, progress.init_acc), provenance=prov, **measured)
 
 
-def _provenance(device, submission: dict | None) -> dict:
-    prov = provenance(str(device))
+def _provenance(device, submission: dict | None, method: dict) -> dict:
+    prov = {**provenance(str(device)), "method": dict(method)} if method else provenance(str(device))
     if submission:
         prov["submission"] = dict(submission)
     return prov

@@ -51,8 +51,9 @@ def _damage(runs: Path) -> dict:
     return {"truncated": truncated, "foreign": foreign, "edited": edited, "intact": intact, "stray": stray}
 
 
-REASONS = {"truncated": "not valid JSON (truncated?)", "foreign": "schema_version 99, this harness reads 1",
+REASONS = {"truncated": "not valid JSON (truncated?)", "foreign": "schema_version 99: written by another cl-bench",
            "edited": "its spec does not hash to its run_id"}
+KIND = {"truncated": "invalid", "foreign": "foreign", "edited": "invalid"}
 
 
 def test_damaged_records_are_reported_never_counted_and_redone(finished, tmp_path, run_cli):
@@ -65,7 +66,7 @@ def test_damaged_records_are_reported_never_counted_and_redone(finished, tmp_pat
     intact_stat = files["intact"].stat()
 
     scan = scan_runs(runs)
-    reasons = {p.name: r for p, r in scan.invalid}
+    reasons = {p.name: r for p, r in scan.invalid + scan.foreign}
     for kind, text in REASONS.items():
         assert text in reasons[files[kind].name], reasons
     assert scan.stray == [files["stray"]] and list(scan.valid) == [files["intact"].stem]
@@ -78,9 +79,10 @@ def test_damaged_records_are_reported_never_counted_and_redone(finished, tmp_pat
 
     code, out, err = run_cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", *QUIET)
     assert code == 0, err
-    assert "done: 1   to run: 3" in out and "invalid record files (will be redone): 3" in out
+    assert "done: 1   to run: 3" in out and "invalid record files (will be redone): 2" in out
+    assert "foreign record files (never counted): 1" in out
     for kind, text in REASONS.items():
-        assert f"note: {files[kind]} is invalid ({text}" in out and "its run will be redone" in out
+        assert f"note: {files[kind]} is {KIND[kind]} ({text}" in out
     scan = scan_runs(runs)
     assert len(scan.valid) == 4 and not scan.invalid and not scan.stray
     now = files["intact"].stat()

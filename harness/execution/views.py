@@ -1,0 +1,69 @@
+"""Which records a view shows: one protocol, one version of it, one record per cell.
+
+Every view (the end-of-sweep summary, the site, exports, a site built from MLflow) goes
+through `view_records`, so none of them mixes protocol versions, or two settings of one
+cell, and each says what it left out.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .plan import SweepError
+
+
+def version_key(version: str):
+    """Sort key of protocol versions: numeric parts numerically ("10" after "2")."""
+    parts = str(version).replace("-", ".").split(".")
+    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts]
+
+
+def view_records(records: list, version: str | None = None, grid=None, log=print) -> list:
+    """The records of one protocol's view: one version (given, else the newest present), only
+    run ids of `grid` when given, and no cell that holds several records; says what it left out."""
+    by_protocol = defaultdict(list)
+    for r in records:
+        by_protocol[r.spec.protocol].append(r)
+    shown = []
+    for name in sorted(by_protocol):
+        shown += _one_protocol(name, by_protocol[name], version, grid, log)
+    return shown
+
+
+def _one_protocol(name: str, records: list, version, grid, log) -> list:
+    versions = sorted({r.spec.protocol_version for r in records}, key=version_key)
+    keep = version if version is not None else versions[-1]
+    if keep not in versions:
+        raise SweepError(f"--protocol-version: protocol {name!r} has no records of version {keep!r}; "
+                         f"allowed: {', '.join(versions)}")
+    chosen = [r for r in records if r.spec.protocol_version == keep]
+    log(f"protocol {name} version {keep}: {len(chosen)} records"
+        + (f" (version(s) {', '.join(v for v in versions if v != keep)} left out: "
+           f"{len(records) - len(chosen)} records; --protocol-version chooses)" if len(chosen) < len(records) else ""))
+    if grid is not None:
+        stale = [r for r in chosen if r.run_id not in grid]
+        chosen = [r for r in chosen if r.run_id in grid]
+        if stale:
+            log(f"note: {len(stale)} records of version {keep} are not in the protocol's grid any more (its "
+                "settings changed without a new version); they are left out")
+    return _one_record_per_cell(chosen, keep, log)
+
+
+def cell_of(record) -> tuple:
+    """(dataset, regime, method, order, seed): where a record sits in the grid."""
+    s = record.spec
+    return (s.dataset.name, s.regime, record.method, s.order, s.seed)
+
+
+def _one_record_per_cell(records: list, version: str, log) -> list:
+    cells = defaultdict(list)
+    for r in records:
+        cells[cell_of(r)].append(r)
+    clashes = [k for k, rs in cells.items() if len(rs) > 1]
+    if not clashes:
+        return records
+    d, reg, m, o, seed = clashes[0]
+    log(f"warning: {len(clashes)} cells hold several records with different settings under version {version} "
+        f"(e.g. {m} on {d}/{reg}, order {o}, seed {seed}): the protocol was edited without a new version. "
+        "These cells are left out rather than averaged; bump `version:` (or give entries distinct labels) and rerun")
+    bad = set(clashes)
+    return [r for r in records if cell_of(r) not in bad]
