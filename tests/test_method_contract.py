@@ -91,3 +91,28 @@ def test_built_in_captions_reach_the_method_index():
     infos = {m["name"]: m for m in method_infos()}
     assert "BECAME merge coefficient" in infos["became"]["captions"]["alpha"]
     assert infos["magmax"]["prefix_cache"] and not infos["lwf"]["prefix_cache"]
+
+
+def test_a_method_files_identity_is_its_content_plus_a_declared_version(tmp_path):
+    from harness.methods.registry import discover
+
+    path = tmp_path / "m.py"
+    body = "NAME = 'm'\nDEFAULTS = {}\n\ndef build(ctx):\n    pass\n"
+    path.write_text(body)
+    first = discover((str(path),), include_submissions=False)["m"].implementation
+    path.write_text(body + "VERSION = '2'\n")
+    second = discover((str(path),), include_submissions=False)["m"].implementation
+    path.write_text(body + "# a comment\n")
+    third = discover((str(path),), include_submissions=False)["m"].implementation
+    assert first.startswith("sha256:") and second.endswith("+v2") and len({first, second, third}) == 3
+    assert discover(include_submissions=False)["naive"].implementation == "v1"
+
+
+@pytest.mark.parametrize("types", ["{'x': int}", "{'nope': (int,)}", "{'x': (set,)}", "{'x': ()}"])
+def test_ill_formed_hparam_types_fail_discovery(tmp_path, types):
+    from harness.methods.registry import discover
+
+    path = tmp_path / "m.py"
+    path.write_text(f"NAME = 'm'\nDEFAULTS = {{'x': 1}}\nHPARAM_TYPES = {types}\n\ndef build(ctx, x):\n    pass\n")
+    with pytest.raises(RegistryError, match="HPARAM_TYPES of 'm' must map DEFAULTS keys"):
+        discover((str(path),), include_submissions=False)

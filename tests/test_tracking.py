@@ -180,3 +180,24 @@ def test_export_tidy_table(swept, tmp_path, fmt):
     pd.testing.assert_series_equal(got["acc"], want["acc"])
     assert list(got["status"]) == list(want["status"])
     assert main(["export", "--results", str(tmp_path / "empty"), "--format", fmt]) == 2
+
+
+def test_leaderboard_from_mlflow_shows_one_protocol_version(tmp_path, capsys):
+    """Two versions logged into one experiment: the site shows one (before: lr 0.05 and 0.01 averaged)."""
+    results = tmp_path / "results"
+    proto, boom = _files(tmp_path)
+    v2 = tmp_path / "v2.yaml"
+    v2.write_text(PROTOCOL.replace('version: "1"', 'version: "2"').replace("lr: 0.05", "lr: 0.01"))
+    uri = f"sqlite:///{results / 'mlflow.db'}"
+    common = ["--method", boom, "--results", str(results), "--executor", "inline", "--no-progress",
+              "--no-leaderboard", "--methods", "naive", "--tracking-uri", uri]
+    assert main(["run", "--protocol", proto, *common]) == 0
+    assert main(["run", "--protocol", str(v2), *common]) == 0
+    capsys.readouterr()
+    assert main(["leaderboard", "--from-mlflow", uri, "--experiment", "track", "--out", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "protocol track version 2: 1 records (version(s) 1 left out: 1 records" in out
+    assert "version <b>2</b>" in (tmp_path / "s" / "index.html").read_text()
+    assert main(["leaderboard", "--from-mlflow", uri, "--experiment", "track", "--protocol-version", "1",
+                 "--out", str(tmp_path / "s1")]) == 0
+    assert "version <b>1</b>" in (tmp_path / "s1" / "index.html").read_text()

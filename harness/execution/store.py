@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config.specs import SCHEMA_VERSION, RunRecord, spec_hash
+from ..config.text import terminal_safe
 from ..config.vocabulary import STATUSES
 from ..run.metrics import all_metrics, step_forgetting
 
@@ -79,9 +80,44 @@ def validate_record(data, expected_run_id: str | None = None, protocol: str | No
         return Problem("corrupt", "its spec does not hash to its run_id (edited or foreign record)")
     if expected_run_id is not None and data["run_id"] != expected_run_id:
         return Problem("corrupt", f"file name says {expected_run_id} but the record's run_id is {data['run_id']}")
+    shape = _shape_problem(data)
+    if shape:
+        return Problem("corrupt", shape)
     if protocol is not None and data["spec"].get("protocol") != protocol:
         return Problem("foreign", f"a record of protocol {data['spec'].get('protocol')!r} in the folder of "
                                   f"protocol {protocol!r}")
+    return None
+
+
+# The JSON type of every field after `spec` (whose shape RunSpec.from_dict checks).
+FIELD_TYPES = {"run_id": str, "error": (str, type(None)), "acc_matrix": list, "init_acc": list, "metrics": dict,
+               "update_norms": dict, "diagnostics": dict, "params": dict, "regime_depth": (int, type(None)),
+               "n_blocks": (int, type(None)), "timings": dict, "provenance": dict}
+SERIES = ("shared", "relative", "step_forgetting")
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _series(v) -> bool:
+    return isinstance(v, list) and all(x is None or _number(x) for x in v)
+
+
+def _shape_problem(data: dict) -> str | None:
+    """What is ill-typed in a record's fields (the analysis and the site read them), or None."""
+    for key, kind in FIELD_TYPES.items():
+        if not isinstance(data[key], kind) or (kind is not str and isinstance(data[key], bool)):
+            return f"its {key} is {type(data[key]).__name__}, not what the schema says"
+    norms = data["update_norms"]
+    bad = [k for k in SERIES if k in norms and not _series(norms[k])]
+    if bad or not (norms.get("drift") is None or _number(norms["drift"])) or not (
+            isinstance(norms.get("per_block", {}), dict) and all(_series(v) for v in norms.get("per_block", {}).values())):
+        return "its update_norms are not lists of numbers (shared, relative, step_forgetting, per_block) and a drift"
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data["params"].values()):
+        return "its params are not parameter counts"
+    if not all(isinstance(data["provenance"].get(k, {}), (dict, type(None))) for k in ("method", "submission")):
+        return "its provenance's method/submission are not mappings"
     return None
 
 
@@ -192,9 +228,9 @@ class Scan:
     def report(self, log=print) -> None:
         """One line per file that is not counted (each scan reports each file once)."""
         for path, reason in self.invalid:
-            log(f"note: {path} is invalid ({reason}); it is not counted and its run will be redone")
+            log(terminal_safe(f"note: {path} is invalid ({reason}); it is not counted and its run will be redone"))
         for path, reason in self.foreign:
-            log(f"note: {path} is foreign ({reason}); it is not counted")
+            log(terminal_safe(f"note: {path} is foreign ({reason}); it is not counted"))
 
 
 def scan_runs(folder: str | Path) -> Scan:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..config.text import terminal_safe
 from .plan import SweepError
 
 
@@ -20,6 +21,8 @@ def version_key(version: str):
 def view_records(records: list, version: str | None = None, grid=None, log=print) -> list:
     """The records of one protocol's view: one version (given, else the newest present), only
     run ids of `grid` when given, and no cell that holds several records; says what it left out."""
+    say = log  # labels and names come from records: no control or bidi characters reach the terminal
+    log = lambda message: say(terminal_safe(message))  # noqa: E731
     by_protocol = defaultdict(list)
     for r in records:
         by_protocol[r.spec.protocol].append(r)

@@ -42,7 +42,8 @@ def adapters_from_module(module, source: str) -> list[MethodAdapter]:
                             family=str(getattr(module, "FAMILY", "submission")),
                             prefix_cache=getattr(module, "PREFIX_CACHE", False),
                             captions=getattr(module, "CAPTIONS", {}),
-                            hparam_types=getattr(module, "HPARAM_TYPES", {}))
+                            hparam_types=getattr(module, "HPARAM_TYPES", {}),
+                            version=getattr(module, "VERSION", "1"))
     adapter = validate_adapter(adapter, source)
     return [dataclasses.replace(adapter, defaults=dict(adapter.defaults), captions=dict(adapter.captions),
                                 hparam_types=dict(adapter.hparam_types))]
@@ -183,7 +184,9 @@ def identified(adapter: MethodAdapter, module, source: str, kind: str) -> Method
     digest = file_sha256(path)[:16] if path and Path(path).is_file() else None
     if digest is None:  # no source to hash: the declared version is all there is
         return dataclasses.replace(adapter, source=source, implementation=f"v{adapter.version}")
-    return dataclasses.replace(adapter, source=source, implementation=f"sha256:{digest}")
+    # a declared version still counts: it covers helper modules the hashed file imports
+    declared = "" if adapter.version == "1" else f"+v{adapter.version}"
+    return dataclasses.replace(adapter, source=source, implementation=f"sha256:{digest}{declared}")
 
 
 def _remember(sources: list, seen: set) -> list:

@@ -7,6 +7,7 @@ itself plus the line's shape; an exception escaping `main` fails the test with t
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import yaml
@@ -34,7 +35,7 @@ SCALARS = (st.none() | st.booleans() | st.integers(-(10**6), 10**6) | HUGE
 GARBAGE = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3)
                        | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=6)
 TALLY = {"protocol": 0, "protocol_invalid": 0, "yaml_text": 0, "yaml_text_invalid": 0, "argv": 0,
-         "argv_invalid": 0}
+         "argv_invalid": 0, "record": 0, "record_refused": 0}
 FUZZ = settings(deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                        HealthCheck.filter_too_much])
@@ -131,11 +132,12 @@ def test_damaged_yaml_text_fails_in_one_line(cut, insert, at, invoke, tmp_path):
     _check(code, out, err, "yaml_text", must_name=str(path))
 
 
-COMMANDS = ["run", "list", "leaderboard", "export", "frobnicate", "-h"]
+COMMANDS = ["run", "list", "leaderboard", "export", "reproduce", "frobnicate", "-h"]
 FLAGS = ["--protocol", "--results", "--datasets", "--methods", "--regimes", "--orders", "--only", "--jobs",
          "--executor", "--data-dir", "--download", "--device", "--method", "--retry-failed",
          "--no-progress", "--no-leaderboard", "--ray-address", "--num-cpus", "--num-gpus", "--max-retries",
-         "--experiment", "--no-mlflow", "--run-timeout", "--out", "--format", "--help", "--bogus", "-x"]
+         "--experiment", "--no-mlflow", "--run-timeout", "--out", "--format", "--help", "--bogus", "-x",
+         "--protocol-version", "--threads"]
 VALUES = ["smoke", "depth-sweep-mini", "nope", "x.yaml", "protocols/smoke.yaml", ".", "/", "/dev/null",
           "0", "-1", "1", "2", "nan", "inf", "-inf", "1e400", "9" * 50, "9" * 5000, "a" * 300, "x/" * 2100,
           "naive,lwf", ",", "naive,,", "head,full", "ray", "inline", "process", "cpu", "cuda", "tpu",
@@ -154,10 +156,73 @@ def test_argument_lists_fail_in_one_line(command, rest, invoke, tmp_path):
     _check(code, out, err, "argv")
 
 
+def test_the_unmutated_record_is_valid(real_record, tmp_path):
+    from harness.execution.store import scan_runs
+
+    runs = tmp_path / real_record["spec"]["protocol"] / "runs"
+    runs.mkdir(parents=True)
+    (runs / f"{real_record['run_id']}.json").write_text(json.dumps(real_record))
+    assert list(scan_runs(runs).valid) == [real_record["run_id"]]
+
+
+@pytest.fixture(scope="module")
+def real_record(tmp_path_factory):
+    """The JSON form of one real record (a 2-task digits run)."""
+    import dataclasses
+
+    from harness.run.engine import run_one
+    from conftest import make_spec
+    from harness.config.specs import DatasetSpec
+
+    spec = dataclasses.replace(make_spec(regime="head"), dataset=DatasetSpec("digits", 2, 2, "mlp"),
+                               class_order=tuple(range(10)))
+    return run_one(spec, device="cpu").to_dict()
+
+
+RECORD_PATHS = None
+
+
+@settings(FUZZ, max_examples=int(__import__("os").environ.get("FUZZ_RECORDS", 300)))
+@given(data=st.data())
+def test_mutated_records_are_refused_or_consistent_never_a_crash(data, real_record, tmp_path):
+    """Damage 1-3 values of a real record anywhere: reading the folder never raises."""
+    from harness.execution.store import scan_runs
+
+    global RECORD_PATHS
+    RECORD_PATHS = RECORD_PATHS or [p for p in _paths(real_record) if p]
+    doc = copy.deepcopy(real_record)
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(RECORD_PATHS))
+        parent = doc
+        try:
+            for key in path[:-1]:
+                parent = parent[key]
+            parent[path[-1]] = data.draw(GARBAGE)
+        except (KeyError, IndexError, TypeError):
+            continue  # an earlier edit removed this path
+    runs = tmp_path / real_record["spec"]["protocol"] / "runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    target = runs / f"{real_record['run_id']}.json"
+    target.write_text(json.dumps(doc))
+    scan = scan_runs(runs)  # must not raise, whatever the file holds
+    TALLY["record"] += 1
+    assert len(scan.valid) + len(scan.invalid) + len(scan.foreign) == 1
+    for record in scan.valid.values():  # anything counted is consistent, and every reader takes it
+        from harness.analysis.frame import records_to_frame
+        from harness.outputs.tracking import record_metrics, record_tags
+
+        assert record.spec.run_id == record.run_id
+        assert len(records_to_frame([record])) == 1 and record_tags(record)["run_id"] == record.run_id
+        record_metrics(record)
+    if not scan.valid:
+        TALLY["record_refused"] += 1
+    target.unlink()
+
+
 def test_fuzz_tally():
     """Runs last in this file (pytest keeps file order): the totals of the closing note."""
     if TALLY["protocol"] == 0:
         pytest.skip("the fuzz tests did not run in this process")
-    invalid = TALLY["protocol_invalid"] + TALLY["yaml_text_invalid"] + TALLY["argv_invalid"]
+    invalid = TALLY["protocol_invalid"] + TALLY["yaml_text_invalid"] + TALLY["argv_invalid"] + TALLY["record_refused"]
     print(f"\nfuzz cases: {TALLY}; malformed and rejected in one line: {invalid}")
     assert invalid >= 500

@@ -341,3 +341,16 @@ def test_submit_whose_every_run_failed_exits_non_zero_with_the_errors(tmp_path, 
     assert code == 1, out + err  # before: "(4 failed)" and exit 0
     assert "no run of 'fails-late' finished ok; 1 distinct error(s):" in err
     assert "1 x RuntimeError: task 3 is too much" in err
+
+
+def test_view_notes_escape_hostile_labels():
+    from conftest import record_from
+    from harness.execution.views import view_records
+
+    def rec(run_id, lam):
+        return record_from({"run_id": run_id, "spec": {"label": "evil\x1b[2J\u202e", "hparams": {"x": lam}}})
+
+    notes = []
+    view_records([rec("a", 1), rec("b", 2)], log=notes.append)
+    assert notes and all("\x1b" not in n and "\u202e" not in n for n in notes)
+    assert "evil\\x1b[2J\\u202e" in notes[-1]
