@@ -137,7 +137,12 @@ def fake_run(spec, options):
             if (folder / "slow.attempts").exists():
                 os._exit(3)
             time.sleep(0.01)
-    time.sleep(2.0 if spec.method == "slow" else 0.0)
+    if spec.method == "slow":  # stay in flight until 'die' has started (however slowly its worker spawns)
+        for _ in range(3000):
+            if (folder / "die.attempts").exists():
+                break
+            time.sleep(0.01)
+        time.sleep(2.0)
     return failed_record(spec, None, status="ok")
 
 

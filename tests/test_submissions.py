@@ -246,6 +246,7 @@ def test_submit_runs_the_grid_for_the_method_and_marks_it(tmp_path, monkeypatch,
     assert all(r["status"] == "ok" and r["spec"]["hparams"] == {"strength": 1.0} for r in records)
     expected = {"file": path.as_posix(), "sha256": file_sha256(path)}
     assert all(r["provenance"]["submission"] == expected for r in records)
+    assert all(r["spec"]["method_version"] == "sha256:" + expected["sha256"][:16] for r in records)
     # the run ids are those of a plain `cl-bench run --method FILE` of the same entry
     registry = get_registry((str(path),))
     protocol = select(with_method(load_protocol("smoke", registry), registry["l2-anchor"]),

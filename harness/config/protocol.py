@@ -70,6 +70,8 @@ def load_protocol(name_or_path: str, registry) -> Protocol:
         raise ProtocolError(f"{path}{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"{path}: cannot read: {exc}") from None
+    except RecursionError:
+        raise ProtocolError(f"{path}: nested too deeply to be a protocol") from None
     return parse_protocol(raw, str(path), registry)
 
 

@@ -47,7 +47,7 @@ def with_method(protocol, adapter):
 
     methods = protocol.methods
     if not any(m.name == adapter.name for m in methods):
-        methods = (*methods, MethodSpec(adapter.name, dict(adapter.defaults)))
+        methods = (*methods, MethodSpec(adapter.name, dict(adapter.defaults), version=adapter.implementation))
     protocol = dataclasses.replace(protocol, methods=methods)
     return select(protocol, methods=[m.display for m in methods if m.name == adapter.name])
 

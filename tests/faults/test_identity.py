@@ -354,3 +354,28 @@ def test_view_notes_escape_hostile_labels():
     view_records([rec("a", 1), rec("b", 2)], log=notes.append)
     assert notes and all("\x1b" not in n and "\u202e" not in n for n in notes)
     assert "evil\\x1b[2J\\u202e" in notes[-1]
+
+
+def test_torchvision_data_is_fingerprinted_from_its_files(tmp_path, run_cli):
+    """Two copies of 'mnist' that differ: two sets of run ids; a dry run without the files plans none."""
+    from test_datasets import write_mnist_like
+
+    from harness.config.protocol import parse_protocol
+    from harness.execution.plan import data_fingerprints, expand
+    from harness.methods.registry import get_registry
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_mnist_like(a, "MNIST")
+    write_mnist_like(b, "MNIST")
+    raw = (b / "MNIST" / "raw" / "t10k-images-idx3-ubyte")
+    data = bytearray(raw.read_bytes())
+    data[-1] ^= 0xFF  # one pixel of one test image
+    raw.write_bytes(bytes(data))
+    protocol = parse_protocol({"name": "tv", "version": "1", "datasets": ["mnist"], "regimes": ["head"],
+                               "methods": ["naive"]}, str(tmp_path / "tv.yaml"), get_registry())
+    ids = [{s.run_id for s in expand(protocol, data_fingerprints(protocol, str(root)))} for root in (a, b)]
+    assert len(ids[0]) == 1 and ids[0] != ids[1]
+    (tmp_path / "tv.yaml").write_text("name: tv\nversion: '1'\ndatasets: [mnist]\nregimes: [head]\nmethods: [naive]\n")
+    code, out, _ = run_cli("run", "--protocol", tmp_path / "tv.yaml", "--dry-run", "--results", tmp_path / "r",
+                           "--data-dir", tmp_path / "none")
+    assert code == 0 and "to run: 0" in out and "not planned: 1 runs of mnist, whose files are not there" in out
