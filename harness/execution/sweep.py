@@ -200,8 +200,7 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
 def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_record, log, result) -> None:
     """Clean the folder, run the plan's specs, write each record as it arrives (the lock is held)."""
     # only the lock holder may touch files: a concurrent sweep's temp files are not stray
-    for path, reason in plan.invalid:
-        log(f"note: {path} is invalid ({reason}); its run will be redone")
+    # (the files that are not counted were reported with the plan: cli.commands.format_plan)
     for path in plan.stray:
         path.unlink(missing_ok=True)
     bar = _progress_bar(len(plan.todo), progress)
