@@ -47,18 +47,44 @@ def test_sum_and_mean_running_match_hand_values():
 
 def test_ties_trim_ranks_the_whole_vector_across_tensors():
     tau = {"a": T_([1.0, -5.0]), "b": T_([[3.0, 0.1]])}
-    merged = rules.ties([tau], top_k=50)  # d=4, k=2: keep −5 and 3
-    assert merged["a"].tolist() == [0.0, -5.0]
+    merged = rules.ties([tau], top_k=50)  # d=4: int(4·0.5)+1 = 3 kept, as the official code: −5, 3, 1
+    assert merged["a"].tolist() == [1.0, -5.0]
     assert merged["b"].tolist() == [[3.0, 0.0]]
+
+
+def _official_topk_values_mask(M: torch.Tensor, K: float) -> torch.Tensor:
+    """TIES-merging's `topk_values_mask` (github.com/prateeky2806/ties-merging), as published."""
+    if K > 1:
+        K /= 100
+    n, d = M.shape
+    k = int(d * K)
+    k = d - k  # keep top k elements instead of bottom k elements
+    kth_values, _ = M.abs().kthvalue(k, dim=1, keepdim=True)
+    return M.abs() >= kth_values
+
+
+@pytest.mark.parametrize("d,top_k", [(4, 50.0), (5, 40.0), (1000, 20.0), (37, 20.0), (999, 3.0), (10, 99.0)])
+def test_ties_trim_keeps_what_the_official_mask_keeps(d, top_k):
+    g = torch.Generator().manual_seed(d)
+    flat = torch.randn(d, generator=g)
+    mask = _official_topk_values_mask(flat.unsqueeze(0), top_k)[0]
+    trimmed = rules.trim_top_k(flat, top_k)
+    assert torch.equal(trimmed, torch.where(mask, flat, torch.zeros_like(flat)))
+    assert int((trimmed != 0).sum()) == int(d * top_k / 100) + 1
+
+
+def test_ties_trim_at_100_percent_keeps_everything():
+    flat = T_([1.0, -2.0, 3.0])
+    assert torch.equal(rules.trim_top_k(flat, 100.0), flat)
 
 
 def test_ties_elect_and_disjoint_mean_by_hand():
     taus = [{"w": T_([4.0, -1.0, 0.5, 3.0, 0.1])},
             {"w": T_([-2.0, 5.0, 0.2, -1.0, 0.3])},
             {"w": T_([1.0, 2.0, -6.0, 0.5, 0.4])}]
-    # top 40 % (k=2): [4,0,0,3,0], [-2,5,0,0,0], [0,2,-6,0,0]; sums [2,7,-6,3,0];
-    # signs +,+,−,+ and the zero column gets the majority sign (+); disjoint means:
-    assert rules.ties(taus, top_k=40)["w"].tolist() == [4.0, 3.5, -6.0, 3.0, 0.0]
+    # top 40 % (int(5·0.4)+1 = 3 kept): [4,-1,0,3,0], [-2,5,0,-1,0], [1,2,-6,0,0]; sums
+    # [3,6,-6,2,0]; signs +,+,−,+ and the zero column gets the majority sign (+); disjoint means:
+    assert rules.ties(taus, top_k=40)["w"].tolist() == [2.5, 3.5, -6.0, 3.0, 0.0]
     trimmed = T_([[2.0, 1.0, 0.0], [-2.0, 1.0, 0.0], [0.0, -3.0, 0.0]])
     signs = rules.elect_signs(trimmed)  # sums [0,−1,0]: majority of signs (0,−1,0) is −
     assert signs.tolist() == [-1.0, -1.0, -1.0]

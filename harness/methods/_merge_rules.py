@@ -61,14 +61,19 @@ def _unflatten(flat: torch.Tensor, like: TaskVector) -> TaskVector:
 
 
 def trim_top_k(flat: torch.Tensor, top_k: float) -> torch.Tensor:
-    """Keep the entries whose |value| is at least the k-th largest (k = top_k % of them); zero the rest."""
+    """Keep the int(d·k)+1 largest |values| (k = top_k %), ties at the threshold kept; zero the rest.
+
+    The official `topk_values_mask` (TIES-merging repository) takes the (d − int(d·k))-th
+    smallest magnitude as the threshold and keeps every entry at or above it, i.e. int(d·k)+1
+    entries without ties; at k = 100 % (where the official code fails) everything is kept.
+    """
     if not 0 < top_k <= 100:
         raise ValueError(f"ties: top_k must be a percentage in (0, 100], got {top_k!r}")
     d = flat.numel()
-    if d == 0:
+    smallest_kept = d - int(d * (top_k / 100))  # 1-based rank from the bottom, as the official code
+    if d == 0 or smallest_kept < 1:
         return flat.clone()
-    k = max(1, int(d * top_k / 100))
-    kth = flat.abs().kthvalue(d - k + 1).values  # the k-th largest magnitude
+    kth = flat.abs().kthvalue(smallest_kept).values
     return torch.where(flat.abs() >= kth, flat, torch.zeros_like(flat))
 
 
