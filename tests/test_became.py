@@ -96,7 +96,8 @@ def _sweep_endpoint_matches(became, tasks, index):
 
 
 def test_alpha_zero_reproduces_gpm_only_parameters():
-    became, tasks, _ = _became({"alpha": 0.0, "alpha_sweep": True})
+    # the official schedule (each stage all the epochs): its GPM stage is GPM's training
+    became, tasks, _ = _became({"alpha": 0.0, "alpha_sweep": True, "stages": "full"})
     assert became.alphas[1] == 0.0 and 0.0 <= became.closed_forms[1] <= 1.0
     for n, p in _trainable(became).items():
         assert torch.equal(p, became.theta_gp[n]), n
@@ -116,15 +117,60 @@ def test_alpha_one_reproduces_stage2_parameters_and_hand_alpha():
         differs |= not torch.equal(became.theta_gp[n], became.theta_free[n])
     assert differs  # stage 2 did train
     _sweep_endpoint_matches(became, tasks, -1)
-    # the recorded closed form, recomputed by hand from θ_gp, θ_free, F_1 and the Fisher at θ_free
+    # the recorded closed forms, recomputed by hand from θ_gp, θ_free, F_1 and the Fisher at θ_free:
+    # by default over every trainable parameter (heads included, as the official code), and
+    # over the shared blocks only (the heads-excluded ablation)
     f_free = became._fisher(_experience_dataset(tasks, 1), "check")
-    num = den = 0.0
-    for n in became.theta_gp:
-        if n.startswith("blocks.") and became.model.get_parameter(n).requires_grad:
-            d2 = (became.theta_free[n] - became.theta_gp[n]).double() ** 2
-            num += float((f_free[n].double() * d2).sum())
-            den += float(((f_free[n] + seen[0]["f_old"][n]).double() * d2).sum())
-    assert became.closed_forms[1] == pytest.approx(num / den, rel=1e-6)
+    sums = {"all": [0.0, 0.0], "shared": [0.0, 0.0]}
+    for n in _trainable(became):
+        d2 = (became.theta_free[n] - became.theta_gp[n]).double() ** 2
+        num, den = float((f_free[n].double() * d2).sum()), float(((f_free[n] + seen[0]["f_old"][n]).double() * d2).sum())
+        for key in ("all",) + (("shared",) if n.startswith("blocks.") else ()):
+            sums[key][0] += num
+            sums[key][1] += den
+    diag = became.harness_diagnostics()
+    assert diag["alpha_closed_form_all"][1] == pytest.approx(sums["all"][0] / sums["all"][1], rel=1e-6)
+    assert diag["alpha_closed_form_shared"][1] == pytest.approx(sums["shared"][0] / sums["shared"][1], rel=1e-6)
+    assert became.closed_forms[1] == diag["alpha_closed_form_all"][1]  # the default: the official sum
+    # the new head's old Fisher is 0, so it can only pull α towards θ_free
+    assert diag["alpha_closed_form_all"][1] >= diag["alpha_closed_form_shared"][1]
+
+
+def test_heads_excluded_alpha_is_an_option():
+    became, _, _ = _became({"alpha": "auto", "alpha_include_heads": False})
+    diag = became.harness_diagnostics()
+    assert became.alphas[1] == diag["alpha_closed_form_shared"][1] != diag["alpha_closed_form_all"][1]
+
+
+@pytest.mark.parametrize("stages, epochs, expected", [("split", 2, [1, 1]), ("split", 3, [2, 1]),
+                                                      ("full", 2, [2, 2])])
+def test_stage_budget_splits_or_doubles_the_epochs(stages, epochs, expected):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conftest import make_spec
+    from harness.config.specs import TrainingSpec
+    from harness.run.engine import run_one
+
+    common = dict(regime="last-2", dataset=make_spec().dataset.__class__("digits", 3, 2, "mlp"),
+                  training=TrainingSpec(lr=0.05, momentum=0.9, epochs=epochs, batch_size=32))
+    became = run_one(make_spec(method="became", hparams={"stages": stages}, **common), device="cpu")
+    naive = run_one(make_spec(method="naive", **common), device="cpu")
+    assert became.ok and naive.ok, (became.error, naive.error)
+    assert became.budget["epochs_per_stage"] == [[epochs], expected, expected]
+    assert became.diagnostics["stage_epochs"] == expected
+    steps, base = became.budget["steps_per_task"], naive.budget["steps_per_task"]
+    assert steps[0] == base[0]  # task 1 trains normally
+    per_epoch = [b // epochs for b in base]
+    assert steps[1:] == [sum(expected) * e for e in per_epoch[1:]]
+    if stages == "split":
+        assert became.budget["optimizer_steps"] == naive.budget["optimizer_steps"]  # equal budget
+
+
+def test_split_stages_need_two_epochs():
+    with pytest.raises(ValueError, match="hparams.stages='split' needs training.epochs >= 2"):
+        drive("became", "last-1", n_tasks=1, epochs=1)
 
 
 def test_auto_alpha_merge_fisher_accumulation_and_diagnostics():
@@ -168,7 +214,7 @@ def _experience_dataset(tasks, t):
 
 @pytest.mark.parametrize("regime", ["head", "last-1"])
 def test_became_respects_regime(regime):
-    check_regime("became", regime)
+    check_regime("became", regime, {"stages": "full"})  # one epoch: nothing to split
 
 
 @pytest.mark.parametrize("key, value", [("alpha", 1.5), ("alpha", "best"), ("stage2_lr", 0),
@@ -192,7 +238,7 @@ def test_alpha_zero_is_the_same_run_as_gpm_over_many_tasks():
     gpm = run_one(make_spec(method="gpm", hparams={"eps_base": 0.97, "eps_step": 0.003, "n_samples": 200},
                             **common), device="cpu")
     from harness.methods.registry import get_registry
-    hp = {**get_registry()["became"].defaults, "alpha": 0.0}
+    hp = {**get_registry()["became"].defaults, "alpha": 0.0, "stages": "full"}  # GPM's epochs in stage 1
     became = run_one(make_spec(method="became", hparams=hp, **common), device="cpu")
     assert gpm.status == became.status == "ok", (gpm.error, became.error)
     assert became.update_norms["shared"] == gpm.update_norms["shared"]

@@ -43,10 +43,10 @@ def digits_tasks():
 
 
 def drive(method: str, regime: str, hparams=None, *, model="mlp", n_tasks=5, epochs=2, pretrain="first-task",
-          momentum=0.9, seed=0, after_task=None):
+          momentum=0.9, seed=0, after_task=None, tasks=None):
     """Train `method` task after task like the engine does; `after_task(t, strategy)` observes it."""
     torch.manual_seed(seed)
-    tasks = digits_tasks()[:n_tasks]
+    tasks = tuple(tasks or digits_tasks())[:n_tasks]
     net = build_model(model, (1, 8, 8), n_heads=len(tasks), head_classes=2)
     first = "full" if pretrain == "first-task" else regime
     apply_regime(net, first)
@@ -122,7 +122,22 @@ def test_memory_is_capped_at_the_row_dimension():
     assert basis.shape == (5, 5)
 
 
-# --- representations: Linear and Conv2d (im2col) ------------------------------------------
+# --- representations: Linear, Conv1d and Conv2d (im2col) ----------------------------------
+
+@pytest.mark.parametrize("kwargs", [dict(padding=2), dict(padding=1, stride=2, dilation=2)])
+def test_conv1d_im2col_matches_the_convolution(kwargs):
+    gen = torch.Generator().manual_seed(0)
+    conv = nn.Conv1d(2, 3, 5, bias=False, **kwargs)
+    x = torch.randn(4, 2, 11, generator=gen)
+    rep = layer_input_matrix(conv, x)
+    out = conv(x)  # (N, C_out, L): column order of rep is (n, l)
+    assert torch.allclose(conv.weight.view(3, -1) @ rep, out.permute(1, 0, 2).reshape(3, -1), atol=1e-5)
+    # independent: explicit patches in weight.view(C_out, -1) order (C_in major, then taps)
+    (p,), (st,), (dl,) = conv.padding, conv.stride, conv.dilation
+    xp = F.pad(x, (p, p))
+    cols = [xp[b, :, i * st:i * st + 4 * dl + 1:dl].reshape(-1) for b in range(4) for i in range(out.shape[2])]
+    assert torch.allclose(rep, torch.stack(cols, dim=1))
+
 
 @pytest.mark.parametrize("kwargs", [dict(padding=1), dict(padding=2, stride=2, dilation=2), dict(stride=(1, 2))])
 def test_conv_im2col_matches_the_convolution(kwargs):

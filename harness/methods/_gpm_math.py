@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-PROJECTED_TYPES = (nn.Linear, nn.Conv2d)
+PROJECTED_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d)
 
 
 def energy_threshold(task: int, eps_base: float, eps_step: float) -> float:
@@ -19,13 +19,21 @@ def energy_threshold(task: int, eps_base: float, eps_step: float) -> float:
 
 
 def layer_input_matrix(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The layer's inputs as columns: (in_features × n) for Linear, im2col patches for Conv2d.
+    """The layer's inputs as columns: (in_features × n) for Linear, im2col patches for Conv1d/Conv2d.
 
     Conv rows follow `weight.view(C_out, -1)` (C_in major, then kernel rows, then columns),
-    which is exactly the channel layout of `F.unfold`.
+    which is exactly the channel layout of `F.unfold`; a Conv1d is a Conv2d of height 1.
     """
     if isinstance(layer, nn.Linear):
         return x.reshape(-1, layer.in_features).T
+    if isinstance(layer, nn.Conv1d):
+        if layer.groups != 1 or layer.padding_mode != "zeros" or isinstance(layer.padding, str):
+            raise ValueError(f"GPM: Conv1d with groups={layer.groups}, padding={layer.padding!r}, "
+                             f"padding_mode={layer.padding_mode!r} is unsupported; allowed: groups=1, "
+                             "integer zero padding")
+        cols = F.unfold(x.unsqueeze(2), (1, layer.kernel_size[0]), dilation=(1, layer.dilation[0]),
+                        padding=(0, layer.padding[0]), stride=(1, layer.stride[0]))
+        return cols.permute(1, 0, 2).reshape(cols.shape[1], -1)
     if isinstance(layer, nn.Conv2d):
         if layer.groups != 1 or layer.padding_mode != "zeros" or isinstance(layer.padding, str):
             raise ValueError(f"GPM: Conv2d with groups={layer.groups}, padding={layer.padding!r}, "

@@ -5,6 +5,15 @@ projection → θ_gp; stage 2 trains from θ_gp with a fresh optimizer, unprojec
 same trainable parameters → θ_free; α = Σ F_t δ² / Σ (F_t + F_old) δ² with δ = θ_free − θ_gp
 and F_t the diagonal Fisher at θ_free; θ_t = (1−α)θ_gp + αθ_free; F_old += F_t(θ_t); the
 GPM memory is updated from θ_t. Task 1 trains normally, then F_old = F_1 and memory.
+
+- α sums over every trainable parameter, the current head included, as the official code
+  does (`alpha_include_heads: false` is the heads-excluded ablation); both closed forms are
+  recorded (`alpha_closed_form_all`, `alpha_closed_form_shared`).
+- Budget (`stages`): `split` (default) gives the two stages ⌈E/2⌉ and ⌊E/2⌋ of the protocol's
+  E epochs, so BECAME takes the optimizer steps of every other method; `full` is the
+  official schedule, E epochs per stage (2× the steps): label it as such in a protocol.
+  `stage1_epochs`/`stage2_epochs` override either.
+- BatchNorm in the projected blocks follows GPM's `batchnorm` policy (methods/gpm.py).
 """
 from __future__ import annotations
 
@@ -17,11 +26,13 @@ from avalanche.training.templates import SupervisedTemplate
 
 from ._gpm_math import closed_form_alpha, diag_fisher, merge_tensors
 from .contract import BATCH_GENERATOR_ATTRIBUTE, MethodAdapter
-from .gpm import GPM_DEFAULTS, GPMMemory, check_gpm_hparams, dataset_batches, sample_indices
+from .gpm import (GPM_DEFAULTS, GPMMemory, apply_batchnorm_policy, check_batchnorm_policy, check_gpm_hparams,
+                  dataset_batches, sample_indices)
 
-BECAME_DEFAULTS = {"stage1_epochs": None, "stage2_epochs": None, "stage2_lr": None,
+STAGE_BUDGETS = ("split", "full")
+BECAME_DEFAULTS = {"stages": "split", "stage1_epochs": None, "stage2_epochs": None, "stage2_lr": None,
                    **GPM_DEFAULTS, "fisher_samples": 2048, "alpha": "auto",
-                   "alpha_include_heads": False, "alpha_sweep": False}
+                   "alpha_include_heads": True, "alpha_sweep": False}
 # Null defaults mean "the protocol's": the types a protocol may give instead.
 BECAME_TYPES = {"stage1_epochs": (int, None), "stage2_epochs": (int, None), "stage2_lr": (float, None),
                 "fisher_samples": (int, None), "alpha": (str, float)}
@@ -32,6 +43,7 @@ SWEEP_GRID = tuple(i / 10 for i in range(11))
 class BecameConfig:
     """Validated BECAME hyperparameters (None epochs/lr: the protocol's)."""
 
+    first_epochs: int  # task 1 trains normally: the protocol's epochs
     stage1_epochs: int
     stage2_epochs: int
     stage2_lr: float | None
@@ -43,13 +55,28 @@ class BecameConfig:
 
 def _config(ctx, hp: dict) -> BecameConfig:
     check_gpm_hparams("became", hp["eps_base"], hp["eps_step"], hp["n_samples"])
+    check_batchnorm_policy("became", hp["batchnorm"])
+    first, second = _stage_epochs(hp["stages"], ctx.train_epochs, hp)
     return BecameConfig(
-        stage1_epochs=_positive_int(hp["stage1_epochs"], "stage1_epochs", ctx.train_epochs),
-        stage2_epochs=_positive_int(hp["stage2_epochs"], "stage2_epochs", ctx.train_epochs),
+        first_epochs=ctx.train_epochs,
+        stage1_epochs=_positive_int(hp["stage1_epochs"], "stage1_epochs", first),
+        stage2_epochs=_positive_int(hp["stage2_epochs"], "stage2_epochs", second),
         stage2_lr=_optional_lr(hp["stage2_lr"]),
         fisher_samples=_positive_int(hp["fisher_samples"], "fisher_samples", None),
         alpha=_alpha(hp["alpha"]), include_heads=_flag(hp["alpha_include_heads"], "alpha_include_heads"),
         sweep=_flag(hp["alpha_sweep"], "alpha_sweep"))
+
+
+def _stage_epochs(stages, epochs: int, hp: dict) -> tuple[int, int]:
+    """The default epochs of the two stages: the protocol's split between them, or each all of them."""
+    if stages not in STAGE_BUDGETS:
+        raise ValueError(f"became: hparams.stages={stages!r}; allowed: {', '.join(STAGE_BUDGETS)}")
+    if stages == "full":
+        return epochs, epochs
+    if epochs < 2 and (hp["stage1_epochs"] is None or hp["stage2_epochs"] is None):
+        raise ValueError(f"became: hparams.stages='split' needs training.epochs >= 2 to give each stage an "
+                         f"epoch (the protocol has {epochs}); allowed: stages 'full' or explicit stage epochs")
+    return epochs - epochs // 2, epochs // 2
 
 
 def _positive_int(value, key, default):
@@ -91,6 +118,7 @@ class BecameStrategy(SupervisedTemplate):
         self.f_old: dict[str, torch.Tensor] = {}
         self.task, self.stage = 0, 0
         self.alphas, self.closed_forms, self.sweeps = [], [], []
+        self.closed_all, self.closed_shared = [], []
         self.theta_gp: dict[str, torch.Tensor] = {}
         self.theta_free: dict[str, torch.Tensor] = {}
 
@@ -102,11 +130,10 @@ class BecameStrategy(SupervisedTemplate):
     def _train_exp(self, experience, eval_streams=None, **kwargs):
         dataset = experience.dataset
         if self.task == 0:
-            self._run_stage(0, self.cfg.stage1_epochs, None, experience, eval_streams, **kwargs)
+            self._run_stage(0, self.cfg.first_epochs, None, experience, eval_streams, **kwargs)
             self.f_old = self._fisher(dataset, "first")
-            self.alphas.append(None)
-            self.closed_forms.append(None)
-            self.sweeps.append(None)
+            for series in (self.alphas, self.closed_forms, self.sweeps, self.closed_all, self.closed_shared):
+                series.append(None)
         else:
             self._two_stages(experience, eval_streams, **kwargs)
         self.memory.update(self.model, dataset, self.ctx.eval_mb_size)
@@ -135,8 +162,10 @@ class BecameStrategy(SupervisedTemplate):
             generator.set_state(state)
         self.theta_free = self._snapshot()
         f_free = self._fisher(experience.dataset, "free")
-        delta = {n: self.theta_free[n] - self.theta_gp[n] for n in self._alpha_names()}
-        closed = closed_form_alpha(f_free, self.f_old, delta)
+        closed_all, closed_shared = (self._closed_form(f_free, heads) for heads in (True, False))
+        self.closed_all.append(closed_all)
+        self.closed_shared.append(closed_shared)
+        closed = closed_all if self.cfg.include_heads else closed_shared
         alpha = closed if self.cfg.alpha == "auto" else self.cfg.alpha
         self.sweeps.append(self._sweep(closed, alpha) if self.cfg.sweep else None)
         self.merge(alpha)
@@ -145,10 +174,20 @@ class BecameStrategy(SupervisedTemplate):
         self.alphas.append(alpha)
         self.closed_forms.append(closed)
 
-    def _alpha_names(self) -> list[str]:
-        """Shared trainable parameters (plus every head when alpha_include_heads)."""
+    @property
+    def harness_stage(self) -> int:
+        """The stage being trained (0: task 1, 1: GPM stage, 2: free stage), for the record's budget."""
+        return self.stage
+
+    def _closed_form(self, f_free: dict, include_heads: bool) -> float:
+        names = self._alpha_names(include_heads)
+        delta = {n: self.theta_free[n] - self.theta_gp[n] for n in names}
+        return closed_form_alpha(f_free, self.f_old, delta)
+
+    def _alpha_names(self, include_heads: bool) -> list[str]:
+        """Shared trainable parameters, plus every head when `include_heads`."""
         return [n for n, p in self.model.named_parameters() if p.requires_grad
-                and (n.startswith("blocks.") or (self.cfg.include_heads and n.startswith("heads.")))]
+                and (n.startswith("blocks.") or (include_heads and n.startswith("heads.")))]
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         """Trainable parameters and the buffers of non-frozen blocks (BatchNorm statistics)."""
@@ -201,7 +240,8 @@ class BecameStrategy(SupervisedTemplate):
     def harness_diagnostics(self) -> dict:
         """α per task (None for task 1), the closed form, the optional sweep, GPM memory dims."""
         out = {"alpha": list(self.alphas), "alpha_closed_form": list(self.closed_forms),
-               **self.memory.diagnostics()}
+               "alpha_closed_form_all": list(self.closed_all), "alpha_closed_form_shared": list(self.closed_shared),
+               "stage_epochs": [self.cfg.stage1_epochs, self.cfg.stage2_epochs], **self.memory.diagnostics()}
         if self.cfg.sweep:
             out["alpha_sweep"] = list(self.sweeps)
         return out
@@ -213,14 +253,20 @@ def build_became(ctx, **hparams):
     if cfg.sweep and not ctx.tasks:
         raise ValueError("became: hparams.alpha_sweep=true needs the run's tasks (MethodContext.tasks)")
     memory = GPMMemory(ctx.regime_blocks, hparams["eps_base"], hparams["eps_step"], hparams["n_samples"], ctx.seed)
+    apply_batchnorm_policy(ctx.model, ctx.regime_blocks, hparams["batchnorm"], memory)
     return BecameStrategy(ctx=ctx, cfg=cfg, memory=memory)
 
 
 ADAPTERS = (
     MethodAdapter("became", dict(BECAME_DEFAULTS), build_became,
                   "BECAME: GPM stage + free stage, merged with a closed-form Bayesian coefficient",
-                  "Li et al., ICML 2025", family="gpm", prefix_cache=True, hparam_types=BECAME_TYPES, captions={
+                  "Li et al., ICML 2025", family="gpm", prefix_cache=True, hparam_types=BECAME_TYPES,
+                  # 2: BatchNorm policy; α over every trainable parameter (heads too); stages split the epochs
+                  version="2", captions={
                       "alpha": "BECAME merge coefficient α per task",
                       "alpha_closed_form": "closed-form α per task (before any fixed-α override)",
+                      "alpha_closed_form_all": "closed-form α over every trainable parameter (heads included)",
+                      "alpha_closed_form_shared": "closed-form α over the shared blocks only (heads excluded)",
+                      "stage_epochs": "epochs of the GPM stage and of the free stage",
                       "gpm_memory_dims": "GPM memory dimension per layer after each task"}),
 )

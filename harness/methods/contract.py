@@ -151,6 +151,9 @@ StrategyHooks = (EvalModelHook, DiagnosticsHook, PrefixCacheDeclaration, StoredT
 # Set by the harness on a strategy with the fast data path: the minibatch-order generator,
 # which a method training in stages may save and restore (see methods/became.py).
 BATCH_GENERATOR_ATTRIBUTE = "harness_batch_generator"
+# Read by the harness on a strategy that trains each task in stages (BECAME): the current stage,
+# so that the record's budget counts epochs per stage.
+TRAINING_STAGE_ATTRIBUTE = "harness_stage"
 
 
 def _providers(strategy, hook) -> list:

@@ -1,11 +1,20 @@
 """Gradient Projection Memory (Saha et al., ICLR 2021) under the run's depth regime.
 
-Only Linear/Conv2d layers inside the blocks the run's regime trains (never the per-task
+Only Linear/Conv1d/Conv2d layers inside the blocks the run's regime trains (never the per-task
 heads) get a memory and are projected. 1-D parameters (biases, BatchNorm scales/shifts) of
 the projected blocks are frozen after task 1, as in the reference, by zeroing their
 gradients after backward (`requires_grad` stays with the harness, which owns freezing).
 As in the reference, the guarantee assumes plain SGD (momentum is fine: it sums projected
 gradients); an optimizer's weight decay or Adam's per-element scaling is not projected.
+
+BatchNorm (`batchnorm` hyperparameter): the reference models build every BatchNorm with
+`track_running_stats=False`, so normalisation always uses the batch's own statistics and no
+running statistics drift to the newest task. `batch-stats` (default) does the same for the
+BatchNorm layers of the projected blocks, from the start of the run (evaluation then
+normalises each test batch by its own statistics, as the reference does);
+`frozen-stats` keeps their running statistics fixed from the end of task 1 (they normalise
+training and evaluation alike); `running-stats` is plain BatchNorm, whose statistics follow
+the newest task (unprotected; for ablations). Frozen blocks keep their statistics as always.
 """
 from __future__ import annotations
 
@@ -14,11 +23,13 @@ import torch
 from .. import compat  # noqa: F401
 from avalanche.core import SupervisedPlugin
 
+from ._batchnorm import batchnorm_layers
 from .contract import MethodAdapter
 from ._gpm_math import (PROJECTED_TYPES, energy_threshold, layer_input_matrix, project_gradient_,
                         update_basis_from_gram)
 
-GPM_DEFAULTS = {"eps_base": 0.97, "eps_step": 0.003, "n_samples": 200}
+GPM_DEFAULTS = {"eps_base": 0.97, "eps_step": 0.003, "n_samples": 200, "batchnorm": "batch-stats"}
+BATCHNORM_POLICIES = ("batch-stats", "frozen-stats", "running-stats")
 
 
 def check_gpm_hparams(method: str, eps_base, eps_step, n_samples) -> None:
@@ -29,6 +40,28 @@ def check_gpm_hparams(method: str, eps_base, eps_step, n_samples) -> None:
         raise ValueError(f"{method}: hparams.eps_step={eps_step!r}; allowed: a number >= 0")
     if int(n_samples) < 1 or int(n_samples) != n_samples:
         raise ValueError(f"{method}: hparams.n_samples={n_samples!r}; allowed: an integer >= 1")
+
+
+def check_batchnorm_policy(method: str, policy) -> str:
+    """One clear line for an unknown BatchNorm policy."""
+    if policy not in BATCHNORM_POLICIES:
+        raise ValueError(f"{method}: hparams.batchnorm={policy!r}; allowed: {', '.join(BATCHNORM_POLICIES)}")
+    return policy
+
+
+def apply_batchnorm_policy(model, blocks, policy: str, memory: "GPMMemory") -> None:
+    """Make the projected blocks' BatchNorm layers follow `policy` (see the module docstring)."""
+    layers = batchnorm_layers(model, blocks)
+    if policy == "batch-stats":
+        for bn in layers:  # what track_running_stats=False builds: no buffers, batch statistics
+            bn.track_running_stats = False
+            bn.running_mean = bn.running_var = bn.num_batches_tracked = None
+    elif policy == "frozen-stats":
+        def keep_fixed(module, _inputs):
+            if memory.tasks_seen:  # after task 1: normalise with the statistics task 1 left
+                module.eval()
+        for bn in layers:
+            bn.register_forward_pre_hook(keep_fixed)
 
 
 def sample_indices(n: int, k: int, seed: int, task: int) -> torch.Tensor:
@@ -156,12 +189,13 @@ class GPMPlugin(SupervisedPlugin):
         return self.memory.diagnostics()
 
 
-def build_gpm(ctx, eps_base: float, eps_step: float, n_samples: int):
+def build_gpm(ctx, eps_base: float, eps_step: float, n_samples: int, batchnorm: str):
     """Naive training with GPM gradient projection on the regime's shared trainable layers."""
     from avalanche.training.supervised import Naive
 
     check_gpm_hparams("gpm", eps_base, eps_step, n_samples)
     memory = GPMMemory(ctx.regime_blocks, eps_base, eps_step, n_samples, ctx.seed)
+    apply_batchnorm_policy(ctx.model, ctx.regime_blocks, check_batchnorm_policy("gpm", batchnorm), memory)
     return Naive(**ctx.strategy_kwargs(GPMPlugin(memory, ctx.eval_mb_size)))
 
 
@@ -169,5 +203,6 @@ ADAPTERS = (
     MethodAdapter("gpm", dict(GPM_DEFAULTS), build_gpm,
                   "Gradient Projection Memory: gradients orthogonal to past tasks' input spaces",
                   "Saha, Garg & Roy, ICLR 2021", family="gpm", prefix_cache=True,
+                  version="2",  # 2: BatchNorm policy, batch statistics in projected blocks by default
                   captions={"gpm_memory_dims": "GPM memory dimension per layer after each task"}),
 )
