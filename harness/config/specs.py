@@ -7,7 +7,9 @@ from dataclasses import asdict, dataclass, field
 
 # 2: run ids cover the method's implementation and the data's content (RunSpec.method_version,
 # RunSpec.data_fingerprint); records of schema 1 are foreign to this harness, never re-keyed.
-SCHEMA_VERSION = 2
+# 3: records carry their training budget, learning checks and warnings; the schema version
+# enters the run id, so a record of another schema never shares a file name with a new one.
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,8 @@ class RunSpec:
 
     @property
     def run_id(self) -> str:
-        """Short hash of the canonical JSON of the spec (protocol version included)."""
-        return spec_hash(self.to_dict())
+        """Short hash of the canonical JSON of the spec (protocol version included) and the schema."""
+        return run_id_of(self.to_dict())
 
     @staticmethod
     def from_dict(d: dict) -> "RunSpec":
@@ -129,6 +131,11 @@ def spec_hash(spec_dict: dict) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()[:12]
 
 
+def run_id_of(spec_dict: dict) -> str:
+    """The run id of a spec's JSON form under this schema (what measures a run is part of it)."""
+    return spec_hash({**spec_dict, "schema_version": SCHEMA_VERSION})
+
+
 @dataclass(frozen=True)
 class RunRecord:
     """The single result of one run, as written and as read back (`to_dict`/`from_dict` are
@@ -138,6 +145,11 @@ class RunRecord:
     rows may be fewer than T when the run failed part-way.
     update_norms: {"shared": [None, u_2..u_T], "relative": [...], "per_block": {block: [...]},
                    "drift": float|None, "step_forgetting": [None, f_2..f_T]}.
+    budget: {"optimizer_steps", "samples_seen", "steps_per_task": [...], "epochs_per_stage":
+             [[epochs of each training stage] per task]} (see run/budget.py).
+    checks: what the learning checks measured (chance level, linear-probe accuracy and first/last
+            training loss per task; see run/checks.py); warnings: [{"code", "task", "message"}],
+            one per failed check; a record with warnings is *flagged*.
     """
 
     run_id: str
@@ -155,6 +167,9 @@ class RunRecord:
     timings: dict
     provenance: dict
     schema_version: int = SCHEMA_VERSION
+    budget: dict = field(default_factory=dict)
+    checks: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """Plain-JSON form."""
@@ -184,6 +199,11 @@ class RunRecord:
     def ok(self) -> bool:
         """True when the run finished with status ok."""
         return self.status == "ok"
+
+    @property
+    def flagged(self) -> bool:
+        """True when a learning check failed (the record carries warnings)."""
+        return bool(self.warnings)
 
 
 def failed_record(spec: RunSpec, error: str, status: str = "failed", provenance: dict | None = None,

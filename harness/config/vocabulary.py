@@ -30,6 +30,12 @@ def is_valid_name(name) -> bool:
 
 # -- metrics ------------------------------------------------------------------------------
 METRICS = ("acc", "la", "bwt", "forgetting", "fwt", "aia")
+# Learning checks (harness/run/checks.py): a record with any of these warnings is flagged.
+WARNINGS = {
+    "chance": "a task's accuracy right after training it is at chance level",
+    "below-probe": "learning accuracy far below a linear probe on the same features",
+    "loss-flat": "the training loss of a task never fell",
+}
 
 
 # -- regimes ------------------------------------------------------------------------------
@@ -86,7 +92,9 @@ class ModelFacts:
 
 MODELS = {
     "mlp": ModelFacts(("fc1", "fc2", "fc3", "fc4"), "4 fully connected blocks"),
+    "mlp-bn": ModelFacts(("fc1", "fc2", "fc3", "fc4"), "4 fully connected blocks with BatchNorm"),
     "small-cnn": ModelFacts(("conv1", "conv2", "conv3", "fc"), "3 conv blocks with BatchNorm, 1 fc block"),
+    "cnn1d": ModelFacts(("conv1", "conv2", "conv3", "fc"), "small-cnn for 1-D signals: 3 conv blocks with BatchNorm, 1 fc block"),
     "resnet18-reduced": ModelFacts(("stem", "layer1", "layer2", "layer3", "layer4"),
                                    "reduced ResNet-18 (width 20), stem + 4 stages"),
 }

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.specs import SCHEMA_VERSION, RunRecord, spec_hash
+from ..config.specs import SCHEMA_VERSION, RunRecord, run_id_of
 from ..config.text import terminal_safe
 from ..config.vocabulary import STATUSES
+from ..run.checks import run_warnings
 from ..run.metrics import all_metrics, step_forgetting
 
 RECORD_KEYS = frozenset(f.name for f in fields(RunRecord))
@@ -76,7 +77,7 @@ def validate_record(data, expected_run_id: str | None = None, protocol: str | No
         return Problem("corrupt", f"keys differ from the schema (missing {missing}, unexpected {extra})")
     if data["status"] not in STATUSES:
         return Problem("corrupt", f"status {data['status']!r} is not one of {', '.join(STATUSES)}")
-    if not isinstance(data["spec"], dict) or spec_hash(data["spec"]) != data["run_id"]:
+    if not isinstance(data["spec"], dict) or run_id_of(data["spec"]) != data["run_id"]:
         return Problem("corrupt", "its spec does not hash to its run_id (edited or foreign record)")
     if expected_run_id is not None and data["run_id"] != expected_run_id:
         return Problem("corrupt", f"file name says {expected_run_id} but the record's run_id is {data['run_id']}")
@@ -92,7 +93,8 @@ def validate_record(data, expected_run_id: str | None = None, protocol: str | No
 # The JSON type of every field after `spec` (whose shape RunSpec.from_dict checks).
 FIELD_TYPES = {"run_id": str, "error": (str, type(None)), "acc_matrix": list, "init_acc": list, "metrics": dict,
                "update_norms": dict, "diagnostics": dict, "params": dict, "regime_depth": (int, type(None)),
-               "n_blocks": (int, type(None)), "timings": dict, "provenance": dict}
+               "n_blocks": (int, type(None)), "timings": dict, "provenance": dict, "budget": dict,
+               "checks": dict, "warnings": list}
 SERIES = ("shared", "relative", "step_forgetting")
 
 
@@ -118,6 +120,11 @@ def _shape_problem(data: dict) -> str | None:
         return "its params are not parameter counts"
     if not all(isinstance(data["provenance"].get(k, {}), (dict, type(None))) for k in ("method", "submission")):
         return "its provenance's method/submission are not mappings"
+    if not all(isinstance(w, dict) and isinstance(w.get("code"), str) and isinstance(w.get("message"), str)
+               and (w.get("task") is None or _number(w["task"])) for w in data["warnings"]):
+        return "its warnings are not {code, task, message} entries"
+    if not all(_number(data["budget"].get(k, 0)) for k in ("optimizer_steps", "samples_seen")):
+        return "its budget's optimizer_steps/samples_seen are not numbers"
     return None
 
 
@@ -142,6 +149,18 @@ def content_problem(record: RunRecord) -> Problem | None:
     steps = (record.update_norms or {}).get("step_forgetting")
     if steps is not None and not _same_series(steps, step_forgetting(np.asarray(R, dtype=float))):
         return Problem("corrupt", "its step forgetting does not follow from its accuracy matrix")
+    return _warnings_problem(record)
+
+
+def _warnings_problem(record: RunRecord) -> Problem | None:
+    """A record's warnings must be exactly those its checks and accuracy matrix give (none removed)."""
+    try:
+        expected = run_warnings(record.acc_matrix, record.checks, record.spec.scenario)
+    except (TypeError, KeyError, ValueError, IndexError):
+        return Problem("corrupt", "its learning checks are malformed")
+    if record.warnings != expected:
+        return Problem("corrupt", f"its warnings ({len(record.warnings)}) are not the {len(expected)} its learning "
+                                  "checks give: edited or corrupt")
     return None
 
 

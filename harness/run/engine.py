@@ -21,8 +21,10 @@ from .datasets import dataset_fingerprint, load_dataset
 from .evaluation import evaluate_tasks, task_accuracy
 from .metrics import all_metrics, step_forgetting
 from .models import build_model, shared_named_parameters, trainable_block_names
+from .checks import head_outputs, loss_windows, run_warnings
 from .norms import snapshot, update_norms
 from .plugins import DivergedError, HarnessPlugin
+from .probe import probe_accuracy
 from .provenance import provenance
 from .regimes import apply_regime, changed_frozen, frozen_state, trainable_blocks
 from .speedups import eval_function, install_speedups
@@ -50,6 +52,9 @@ class _Progress:
     params: dict = field(default_factory=dict)
     n_blocks: int | None = None
     method: dict = field(default_factory=dict)  # provenance: where the method's code came from
+    probe_acc: list = field(default_factory=list)
+    n_test: list = field(default_factory=list)
+    plugin: HarnessPlugin | None = None  # counts the budget and keeps the losses
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -102,7 +107,8 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     progress.params = _param_counts(model, spec.regime)
     first_regime = "full" if spec.pretrain == "first-task" else spec.regime
     apply_regime(model, first_regime)
-    harness_plugin = HarnessPlugin()
+    harness_plugin = progress.plugin = HarnessPlugin()
+    progress.n_test = [len(t.y_test) for t in tasks]
     strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks, progress)
     evaluate = eval_function()
     progress.init_acc = _timed_eval(model, tasks, spec, device, progress, evaluate)
@@ -120,6 +126,7 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
         evaluated = contract.evaluated_model(strategy)
         progress.per_task_s.append(time.perf_counter() - t0)
         progress.rows.append(_timed_eval(evaluated, tasks, spec, device, progress, evaluate))
+        progress.probe_acc.append(_timed_probe(evaluated, tasks[t], spec, device, progress))
         progress.snapshots.append(snapshot(shared_named_parameters(evaluated)))
         progress.diagnostics.update(contract.collect_diagnostics(strategy))
         if observer:
@@ -224,6 +231,24 @@ def _timed_eval(model, tasks, spec, device, progress, evaluate=evaluate_tasks) -
     return accs
 
 
+def _timed_probe(model, task, spec, device, progress) -> float | None:
+    t0 = time.perf_counter()
+    acc = probe_accuracy(model, task, device, spec.eval_batch_size)
+    progress.eval_s += time.perf_counter() - t0
+    return acc
+
+
+def _checks(spec: RunSpec, progress: _Progress) -> dict:
+    """What the learning checks need (harness/run/checks.py), as measured."""
+    if not progress.n_test:
+        return {}
+    windows = [loss_windows(losses) for losses in (progress.plugin.losses if progress.plugin else [])]
+    outputs = head_outputs(spec.scenario, spec.dataset.n_tasks, spec.dataset.classes_per_task)
+    return {"chance": 1.0 / outputs, "n_test": list(progress.n_test), "probe_acc": list(progress.probe_acc),
+            "loss_first": [w[0] if w else None for w in windows],
+            "loss_last": [w[1] if w else None for w in windows]}
+
+
 def _param_counts(model, regime: str) -> dict:
     """Trainable/total parameter counts under the run's regime (heads always train)."""
     train = set(trainable_blocks(model, regime))
@@ -245,7 +270,10 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
     if rows and len(rows) == T:
         norms["step_forgetting"] = step_forgetting(np.asarray(rows))
     n_blocks = progress.n_blocks
+    checks = _checks(spec, progress)
     measured = dict(
+        budget=progress.plugin.budget() if progress.plugin else {}, checks=checks,
+        warnings=run_warnings(rows, checks, spec.scenario),
         acc_matrix=rows, init_acc=progress.init_acc, update_norms=norms, diagnostics=progress.diagnostics,
         params=progress.params, n_blocks=n_blocks,
         regime_depth=regime_depth(spec.regime, n_blocks) if n_blocks is not None else None,

@@ -6,28 +6,69 @@ import math
 from .. import compat  # noqa: F401
 from avalanche.core import SupervisedPlugin
 
+from ..methods.contract import TRAINING_STAGE_ATTRIBUTE
+
 
 class DivergedError(RuntimeError):
     """The training loss became NaN or infinite."""
 
 
 class HarnessPlugin(SupervisedPlugin):
-    """Counts training iterations (proof that the adapter passed the plugins through) and
-    stops a run as soon as its loss is no longer finite."""
+    """Counts training iterations (proof that the adapter passed the plugins through), measures
+    the training budget and the losses of each task, and stops a run as soon as its loss is no
+    longer finite.
+
+    Budget, per task: optimizer steps (`after_update` calls), samples seen (minibatch sizes,
+    replayed samples included) and epochs per training stage (a strategy that trains in
+    stages names the current one in `harness_stage`). Work outside the training loop (a
+    Fisher estimate, a GPM memory update) is not an optimizer step and is not counted.
+    """
 
     def __init__(self):
         super().__init__()
         self.iterations = 0
         self.experiences = 0
+        self.steps_per_task: list[int] = []
+        self.samples_per_task: list[int] = []
+        self.epochs_per_stage: list[list[int]] = []
+        self.losses: list[list[float]] = []  # per task: the loss of every iteration
 
     def before_training_exp(self, strategy, **kwargs):
         self.experiences += 1
+        self.steps_per_task.append(0)
+        self.samples_per_task.append(0)
+        self.epochs_per_stage.append([])
+        self.losses.append([])
+        self._stage = object()
 
     def after_backward(self, strategy, **kwargs):
         self.iterations += 1
         loss = float(strategy.loss.detach())
         if not math.isfinite(loss):
             raise DivergedError(f"training loss became {loss} {self._where(strategy)}")
+        if self.losses:
+            self.losses[-1].append(loss)
+
+    def after_update(self, strategy, **kwargs):
+        if self.steps_per_task:
+            self.steps_per_task[-1] += 1
+            self.samples_per_task[-1] += len(strategy.mbatch[0])
+
+    def after_training_epoch(self, strategy, **kwargs):
+        if not self.epochs_per_stage:
+            return
+        stage = getattr(strategy, TRAINING_STAGE_ATTRIBUTE, None)
+        epochs = self.epochs_per_stage[-1]
+        if not epochs or stage != self._stage:
+            epochs.append(0)
+            self._stage = stage
+        epochs[-1] += 1
+
+    def budget(self) -> dict:
+        """The run's training budget so far (see the class docstring)."""
+        return {"optimizer_steps": sum(self.steps_per_task), "samples_seen": sum(self.samples_per_task),
+                "steps_per_task": list(self.steps_per_task), "samples_per_task": list(self.samples_per_task),
+                "epochs_per_stage": [list(e) for e in self.epochs_per_stage]}
 
     def _where(self, strategy) -> str:
         """Where training is, by the strategy's clock: 1-based task, epoch and iteration."""
