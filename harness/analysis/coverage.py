@@ -1,4 +1,11 @@
-"""Coverage rules: which methods have every cell of a comparison (nothing is imputed)."""
+"""Coverage rules: which methods have every cell of a comparison (nothing is imputed).
+
+A cell counts when its run is `ranked` (frame column): ok, and not flagged by a learning check
+unless flagged runs are included. Flagged runs are left out so that comparisons stay paired:
+a method flagged in more than half of a (dataset, regime)'s task orders is left out of it;
+otherwise each task order holding a flagged run is left out for every method (e.g. an order
+whose third task no method could learn under `head`), and the rest is compared.
+"""
 from __future__ import annotations
 
 import pandas as pd
@@ -9,20 +16,36 @@ UNIT = ["order", "seed"]  # one replicate; seeds are averaged within an order af
 
 
 def unit_matrix(sub: pd.DataFrame, metric: str = "acc") -> pd.DataFrame:
-    """(order, seed) x method values of `metric` over ok runs; NaN marks a failed/missing cell.
+    """(order, seed) x method values of `metric` over ranked runs; NaN marks a failed/flagged/missing cell.
 
     Rows are every (order, seed) seen in `sub` for any method, failed runs included,
-    so a method that failed or never ran there shows a hole.
+    so a method that failed, was flagged or never ran there shows a hole.
     """
     units = pd.MultiIndex.from_frame(sub[UNIT].drop_duplicates().sort_values(UNIT))
     ok = sub[(sub["status"] == "ok") & sub[metric].notna()]
-    wide = ok.pivot_table(index=UNIT, columns="method", values=metric, aggfunc="mean")
     methods = sorted(sub["method"].unique())
-    return wide.reindex(index=units, columns=methods)
+    wide = ok.pivot_table(index=UNIT, columns="method", values=metric, aggfunc="mean")
+    wide = wide.reindex(index=units, columns=methods)
+    left_out = ok[~ok["ranked"].astype(bool)] if "ranked" in ok else ok.iloc[:0]
+    if left_out.empty:
+        return wide
+    flagged = left_out.assign(f=True).pivot_table(index=UNIT, columns="method", values="f", aggfunc="any")
+    return without_flagged(wide, flagged.reindex(index=units, columns=methods).fillna(False).astype(bool))
+
+
+def without_flagged(wide: pd.DataFrame, flagged: pd.DataFrame) -> pd.DataFrame:
+    """The unit matrix with flagged runs left out as the module docstring says (paired comparisons)."""
+    wide = wide.copy()
+    mostly = flagged.sum(axis=0) > len(wide) / 2
+    wide.loc[:, mostly[mostly].index] = float("nan")
+    rows = flagged.loc[:, ~mostly].any(axis=1)
+    return wide[~rows]
 
 
 def complete(mat: pd.DataFrame) -> tuple[list[str], list[str]]:
-    """(methods with every cell, methods missing at least one) of a unit matrix."""
+    """(methods with every cell, methods missing at least one) of a unit matrix (none without rows)."""
+    if len(mat.index) == 0:
+        return [], sorted(mat.columns)
     full = mat.notna().all(axis=0)
     return sorted(full.index[full]), sorted(full.index[~full])
 
@@ -33,7 +56,7 @@ def order_matrix(mat: pd.DataFrame, methods: list[str]) -> pd.DataFrame:
 
 
 def coverage_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (dataset, regime, method): expected replicates, ok, failed by status, missing."""
+    """Per (dataset, regime, method): expected replicates, ok, failed by status, missing, flagged."""
     rows = []
     order = {r: i for i, r in enumerate(regime_order(frame))}
     for (ds, rg), sub in frame.groupby(["dataset", "regime"], sort=False):
@@ -47,9 +70,9 @@ def coverage_table(frame: pd.DataFrame) -> pd.DataFrame:
                          "ok": n_ok, "not_ok": int(sum(bad.values())),
                          "statuses": ", ".join(f"{k}: {v}" for k, v in sorted(bad.items())),
                          "missing": max(n_units - len(own[UNIT].drop_duplicates()), 0),
-                         "complete": m in full})
+                         "flagged": int(own["flagged"].sum()), "complete": m in full})
     out = pd.DataFrame(rows, columns=["dataset", "regime", "method", "expected", "ok",
-                                      "not_ok", "statuses", "missing", "complete"])
+                                      "not_ok", "statuses", "missing", "flagged", "complete"])
     out["_r"] = out["regime"].map(order)
     return out.sort_values(["dataset", "_r", "method"]).drop(columns="_r").reset_index(drop=True)
 

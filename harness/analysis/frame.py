@@ -8,11 +8,16 @@ import pandas as pd
 
 from ..config.specs import RunRecord
 from ..config.text import terminal_safe
-from ..config.vocabulary import METRICS, regime_sort_key
+from ..config.vocabulary import METRICS, WARNINGS, regime_sort_key
+
+# `ranked`: the run enters the rank statistics (ok, and not flagged unless flagged runs are
+# included); it is the one place that policy is decided, every unit matrix reads it.
 COLUMNS = ("run_id", "status", "error", "protocol", "protocol_version", "dataset",
            "regime", "regime_depth", "n_blocks", "method", "method_name", "order", "seed",
            *METRICS, "mean_update_norm", "drift", "trainable_params", "total_params",
-           "total_s", "is_submission")
+           "total_s", "is_submission", "optimizer_steps", "samples_seen", "n_warnings",
+           "warning_codes", "flagged", "ranked")
+FLAG = "⚑"  # marks cells with flagged runs, in the terminal summary and on the site
 
 
 def _num(x) -> float:
@@ -31,9 +36,15 @@ def _mean_norm(shared) -> float:
     return float(np.mean(vals)) if vals else math.nan
 
 
+def warning_codes(warnings) -> list[str]:
+    """Sorted unique codes of a record's warnings (entries without a code are skipped)."""
+    return sorted({str(w["code"]) for w in warnings or [] if isinstance(w, dict) and w.get("code")})
+
+
 def _row(rec: RunRecord) -> dict:
     spec = rec.spec
     metrics, norms, params = rec.metrics or {}, rec.update_norms or {}, rec.params or {}
+    budget = rec.budget or {}
     return {
         "run_id": rec.run_id, "status": rec.status, "error": rec.error,
         "protocol": spec.protocol, "protocol_version": spec.protocol_version,
@@ -47,13 +58,26 @@ def _row(rec: RunRecord) -> dict:
         "total_params": _num(params.get("total")),
         "total_s": _num((rec.timings or {}).get("total_s")),
         "is_submission": bool(rec.submission),
+        "optimizer_steps": _num(budget.get("optimizer_steps")),
+        "samples_seen": _num(budget.get("samples_seen")),
+        "n_warnings": len(rec.warnings or []),
+        "warning_codes": ",".join(warning_codes(rec.warnings)),
+        "flagged": rec.flagged,
     }
 
 
-def records_to_frame(records) -> pd.DataFrame:
-    """One row per record (failed runs included, their metrics NaN)."""
+def ranked_runs(frame: pd.DataFrame, include_flagged: bool = False) -> pd.Series:
+    """Mask of the runs rank statistics use: ok ones, flagged ones only when included."""
+    ok = frame["status"] == "ok"
+    return ok if include_flagged else ok & ~frame["flagged"].astype(bool)
+
+
+def records_to_frame(records, include_flagged: bool = False) -> pd.DataFrame:
+    """One row per record (failed runs included, their metrics NaN); `ranked` per include_flagged."""
     frame = pd.DataFrame([_row(r) for r in records], columns=list(COLUMNS))
-    return frame.astype({"order": "int64", "seed": "int64", "is_submission": "bool"})
+    frame = frame.astype({"order": "int64", "seed": "int64", "is_submission": "bool",
+                          "n_warnings": "int64", "flagged": "bool"})
+    return frame.assign(ranked=ranked_runs(frame, include_flagged).astype(bool))
 
 
 def regime_order(frame: pd.DataFrame) -> list[str]:
@@ -80,16 +104,17 @@ def percent_scale(frame: pd.DataFrame) -> float:
 
 
 def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per dataset, method x regime: mean ACC and forgetting over ok runs, n ok and n not-ok."""
-    cols = ["dataset", "method", "regime", "acc", "forgetting", "n", "n_failed"]
+    """Per dataset, method x regime: mean ACC and forgetting over ok runs, n ok, n not-ok, n flagged."""
+    cols = ["dataset", "method", "regime", "acc", "forgetting", "n", "n_failed", "n_flagged"]
     if frame.empty:
         return pd.DataFrame(columns=cols)
     keys = ["dataset", "method", "regime"]
     ok = frame["status"] == "ok"
-    g = frame.assign(n=ok.astype(int), n_failed=(~ok).astype(int),
+    g = frame.assign(n=ok.astype(int), n_failed=(~ok).astype(int), n_flagged=frame["flagged"].astype(int),
                      acc=frame["acc"].where(ok), forgetting=frame["forgetting"].where(ok))
     out = g.groupby(keys, sort=False).agg(acc=("acc", "mean"), forgetting=("forgetting", "mean"),
-                                         n=("n", "sum"), n_failed=("n_failed", "sum"))
+                                         n=("n", "sum"), n_failed=("n_failed", "sum"),
+                                         n_flagged=("n_flagged", "sum"))
     out = out.reset_index()
     rank = {r: i for i, r in enumerate(regime_order(frame))}
     out["_r"] = out["regime"].map(rank)
@@ -107,7 +132,20 @@ def format_summary(frame: pd.DataFrame) -> str:
     lines = ["cells: ACC % / forgetting % (ok runs[, !failed]); mean over task orders and seeds"]
     for ds, sub in table.groupby("dataset", sort=True):
         lines += ["", f"dataset: {terminal_safe(ds)}", *_dataset_lines(sub, regimes, scale)]
-    return "\n".join(lines)
+    return "\n".join(lines + _flag_footer(frame))
+
+
+def _flag_footer(frame: pd.DataFrame) -> list[str]:
+    """What the flag mark means, whether flagged runs were ranked, and the codes seen."""
+    flagged = frame[frame["flagged"]]
+    if flagged.empty:
+        return []
+    policy = ("ranked anyway (--include-flagged)" if flagged["ranked"].any()
+              else "left out of rankings (--include-flagged ranks them)")
+    codes = sorted({c for cs in flagged["warning_codes"] for c in cs.split(",") if c})
+    # Codes come from the records: an unknown one is shown (escaped) without a meaning.
+    return ["", f"{FLAG}N: N runs with learning-check warnings; {policy}",
+            *(terminal_safe(f"  {c}: {WARNINGS[c]}" if c in WARNINGS else f"  {c}") for c in codes)]
 
 
 def _dataset_lines(sub: pd.DataFrame, regimes, scale: float) -> list[str]:
@@ -126,7 +164,8 @@ def _cell(r, scale: float) -> str:
     acc = "n/a" if math.isnan(r.acc) else f"{r.acc * scale:.1f}"
     fgt = "n/a" if math.isnan(r.forgetting) else f"{r.forgetting * scale:.1f}"
     failed = f", !{r.n_failed}" if r.n_failed else ""
-    return f"{acc}/{fgt} ({r.n}{failed})"
+    flag = f" {FLAG}{r.n_flagged}" if r.n_flagged else ""
+    return f"{acc}/{fgt} ({r.n}{failed}){flag}"
 
 
 def _fmt_line(items, width) -> str:

@@ -7,14 +7,16 @@ import pandas as pd
 
 from harness.analysis import correlations, ranks, stats
 from harness.analysis.coverage import Cells, coverage_table
-from harness.analysis.frame import records_to_frame, regime_order
+from harness.analysis.frame import records_to_frame, regime_order, warning_codes
 from harness.config.vocabulary import METRICS
 
 VALUES = (*METRICS, "mean_update_norm", "drift")
+BUDGET = ("optimizer_steps", "samples_seen")  # mean only: a budget is set by the protocol, not sampled
 
 
 def metric_table(frame: pd.DataFrame, seed: int = stats.SEED) -> pd.DataFrame:
-    """Per (dataset, regime, method): run counts by status and mean + bootstrap CI of every metric (ok runs)."""
+    """Per (dataset, regime, method): run counts by status, flagged runs, mean budget and
+    mean + bootstrap CI of every metric (ok runs, flagged ones included: they are marked, not hidden)."""
     pos = {r: i for i, r in enumerate(regime_order(frame))}
     rows = []
     for (ds, rg, m), sub in frame.groupby(["dataset", "regime", "method"], sort=False):
@@ -22,21 +24,66 @@ def metric_table(frame: pd.DataFrame, seed: int = stats.SEED) -> pd.DataFrame:
         row = {"dataset": ds, "regime": rg, "method": m, "n_runs": len(sub), "n_ok": len(ok),
                "n_failed": len(sub) - len(ok),
                "statuses": ", ".join(f"{k}: {v}" for k, v in sorted(
-                   sub.loc[sub["status"] != "ok", "status"].value_counts().items()))}
+                   sub.loc[sub["status"] != "ok", "status"].value_counts().items())),
+               "n_flagged": int(sub["flagged"].sum()), "warning_codes": _codes(sub["warning_codes"]),
+               **{b: float(ok[b].mean()) if ok[b].notna().any() else math.nan for b in BUDGET}}
         mean, lo, hi = stats.bootstrap_means(ok[list(VALUES)].to_numpy(), seed=seed)
         for i, v in enumerate(VALUES):
             row.update({v: mean[i], f"{v}_lo": lo[i], f"{v}_hi": hi[i]})
         rows.append(row)
-    cols = ["dataset", "regime", "method", "n_runs", "n_ok", "n_failed", "statuses",
-            *[c for v in VALUES for c in (v, f"{v}_lo", f"{v}_hi")]]
+    cols = ["dataset", "regime", "method", "n_runs", "n_ok", "n_failed", "statuses", "n_flagged",
+            "warning_codes", *BUDGET, *[c for v in VALUES for c in (v, f"{v}_lo", f"{v}_hi")]]
     out = pd.DataFrame(rows, columns=cols)
     out["_r"] = out["regime"].map(pos)
     return out.sort_values(["dataset", "_r", "method"]).drop(columns="_r").reset_index(drop=True)
 
 
-def analyse(records, seed: int = stats.SEED) -> dict[str, pd.DataFrame]:
-    """Every leaderboard table, by name; `frame` is the tidy per-run frame they come from."""
-    frame = records_to_frame(records)
+def _codes(column: pd.Series) -> str:
+    """Comma-joined sorted unique codes of a column of comma-joined codes."""
+    return ",".join(sorted({c for cs in column for c in cs.split(",") if c}))
+
+
+def budget_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per method: mean optimizer steps and samples over ok runs, and steps relative to the median method.
+
+    The ratio is taken per dataset (budgets differ between datasets), then averaged over them.
+    """
+    cols = ["method", "optimizer_steps", "samples_seen", "relative_steps", "n_datasets"]
+    ok = frame[(frame["status"] == "ok") & frame["optimizer_steps"].notna()]
+    if ok.empty:
+        return pd.DataFrame(columns=cols)
+    per = ok.groupby(["dataset", "method"])[list(BUDGET)].mean().reset_index()
+    median = per.groupby("dataset")["optimizer_steps"].transform("median")
+    per["relative_steps"] = per["optimizer_steps"] / median.where(median > 0)
+    out = per.groupby("method").agg(optimizer_steps=("optimizer_steps", "mean"),
+                                    samples_seen=("samples_seen", "mean"),
+                                    relative_steps=("relative_steps", "mean"),
+                                    n_datasets=("dataset", "nunique")).reset_index()
+    return out[cols].sort_values("method").reset_index(drop=True)
+
+
+def flagged_table(records, regimes=()) -> pd.DataFrame:
+    """One row per flagged record: where it ran, its warning codes and its first warning's message."""
+    cols = ["run_id", "dataset", "regime", "method", "order", "seed", "status", "n_warnings",
+            "codes", "first_message"]
+    rows = [{"run_id": r.run_id, "dataset": r.dataset, "regime": r.spec.regime, "method": r.method,
+             "order": int(r.spec.order), "seed": int(r.spec.seed), "status": r.status,
+             "n_warnings": len(r.warnings), "codes": ",".join(warning_codes(r.warnings)),
+             "first_message": str(r.warnings[0].get("message", ""))}
+            for r in records if r.flagged]
+    pos = {r: i for i, r in enumerate(regimes)}
+    out = pd.DataFrame(rows, columns=cols).assign(_r=lambda d: d["regime"].map(pos))
+    out = out.sort_values(["dataset", "_r", "method", "order", "seed"], kind="stable")
+    return out.drop(columns="_r").reset_index(drop=True)
+
+
+def analyse(records, seed: int = stats.SEED, include_flagged: bool = False) -> dict[str, pd.DataFrame]:
+    """Every leaderboard table, by name; `frame` is the tidy per-run frame they come from.
+
+    Flagged runs (learning-check warnings) are left out of every rank statistic, as missing
+    cells, unless include_flagged; the metric tables always include and count them.
+    """
+    frame = records_to_frame(records, include_flagged)
     cells = Cells(frame)
     mt = metric_table(frame, seed)
     mr = ranks.mean_ranks(frame, cells, seed)
@@ -57,6 +104,8 @@ def analyse(records, seed: int = stats.SEED) -> dict[str, pd.DataFrame]:
         "depth_profile": correlations.depth_profile(frame, seed),
         "depth_trend": correlations.depth_trend(frame, seed),
         "step_level": correlations.step_level(records, frame, seed),
+        "budget": budget_table(frame),
+        "flagged": flagged_table(records, regime_order(frame)),
     }
 
 

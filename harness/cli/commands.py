@@ -61,10 +61,11 @@ def _sweep_and_report(req: SweepRequest, protocol, plan, options, of: str = ""):
           f"({_statuses(result.statuses)}); records in {Path(req.results) / protocol.name / 'runs'}")
     _print_rerun_hint(result, req.results)
     grid = {s.run_id for s in plan.specs}
-    print_summary(req.results, protocol.name, protocol.version, grid)
+    print_summary(req.results, protocol.name, protocol.version, grid, include_flagged=req.include_flagged)
     if req.leaderboard:
         # the summary above has said what the view leaves out
-        build_leaderboard(req.results, protocol.name, version=protocol.version, grid=grid, log=lambda _: None)
+        build_leaderboard(req.results, protocol.name, version=protocol.version, grid=grid, log=lambda _: None,
+                          include_flagged=req.include_flagged)
     return result
 
 
@@ -148,8 +149,9 @@ def format_plan(protocol, plan, results) -> str:
     return "\n".join(lines)
 
 
-def print_summary(results, protocol_name: str, version: str | None = None, grid=None) -> None:
-    """Method x regime summary (mean ACC / forgetting) of one protocol version's records."""
+def print_summary(results, protocol_name: str, version: str | None = None, grid=None,
+                  include_flagged: bool = False) -> None:
+    """Method x regime summary (mean ACC / forgetting, flagged runs marked) of one protocol version's records."""
     from ..analysis.frame import format_summary, records_to_frame
     from ..execution.store import load_records
     from ..execution.views import view_records
@@ -157,11 +159,11 @@ def print_summary(results, protocol_name: str, version: str | None = None, grid=
     print()
     records = view_records(load_records(results, protocol_name), version, grid)
     if records:
-        print(format_summary(records_to_frame(records)))
+        print(format_summary(records_to_frame(records, include_flagged)))
 
 
 def build_leaderboard(results, protocol_name: str, out: str | None = None, version: str | None = None,
-                      grid=None, log=print) -> Path | None:
+                      grid=None, log=print, include_flagged: bool = False) -> Path | None:
     """Build the static site for one protocol version's records; prints and returns index.html's path."""
     from ..execution.store import load_records, protocol_dir
     from ..execution.views import view_records
@@ -173,7 +175,7 @@ def build_leaderboard(results, protocol_name: str, out: str | None = None, versi
         print(f"leaderboard: no records under {protocol_dir(results, protocol_name)}")
         return None
     target = Path(out) if out else protocol_dir(results, protocol_name) / "site"
-    index = build_site(records, target, results_dir=str(results))
+    index = build_site(records, target, results_dir=str(results), include_flagged=include_flagged)
     print(f"leaderboard: {Path(index).resolve()}")
     return Path(index)
 
@@ -194,7 +196,8 @@ def leaderboard_command(req: LeaderboardRequest) -> int:
     if req.protocol and not runs_dir(req.results, req.protocol).is_dir():
         raise SweepError(f"--protocol: no records of protocol {req.protocol!r} under {req.results} "
                          f"(expected {runs_dir(req.results, req.protocol)}/*.json)")
-    built = [build_leaderboard(req.results, n, req.out, version=req.protocol_version) for n in names]
+    built = [build_leaderboard(req.results, n, req.out, version=req.protocol_version,
+                               include_flagged=req.include_flagged) for n in names]
     return 0 if all(built) else 1
 
 
@@ -215,7 +218,7 @@ def leaderboard_from_mlflow(req: LeaderboardRequest) -> int:
                          "holds no cl-bench records")
     records = view_records(found, req.protocol_version)
     target = Path(req.out) if req.out else Path(req.results) / f"mlflow-{experiment}" / "site"
-    index = build_site(records, target)
+    index = build_site(records, target, include_flagged=req.include_flagged)
     print(f"leaderboard: {len(records)} records from MLflow experiment {experiment!r}: {Path(index).resolve()}")
     return 0
 

@@ -31,6 +31,7 @@ LIST_EXAMPLES = """examples:
 LEADERBOARD_EXAMPLES = """examples:
   cl-bench leaderboard --results results/
   cl-bench leaderboard --results results/ --protocol depth-sweep-mini --out site/
+  cl-bench leaderboard --results results/ --include-flagged   # rank runs with learning-check warnings too
   cl-bench leaderboard --from-mlflow http://mlflow.team:5000 --experiment depth-sweep --out site/
 """
 
@@ -45,6 +46,10 @@ SUBMIT_EXAMPLES = """examples:
 """
 
 
+
+
+INCLUDE_FLAGGED_HELP = ("rank flagged runs too (records with learning-check warnings; "
+                        "default: left out of rankings)")
 
 
 class UsageError(UserError):
@@ -153,6 +158,7 @@ def _add_run(sub, fmt) -> None:
     run.add_argument("--only", type=_csv, metavar="RUN_IDS", help="only these run ids (reproduce single runs)")
     run.add_argument("--method", action="append", default=[], metavar="FILE",
                      help="register the adapter in FILE for this run (repeatable)")
+    run.add_argument("--include-flagged", action="store_true", help=INCLUDE_FLAGGED_HELP)
 
 
 def _add_list(sub, fmt) -> None:
@@ -175,6 +181,7 @@ def _add_leaderboard(sub, fmt) -> None:
     lb.add_argument("--experiment", help="MLflow experiment with --from-mlflow (default: --protocol)")
     lb.add_argument("--protocol-version", metavar="VERSION",
                     help="the protocol version to show (default: the newest with records); a board shows one")
+    lb.add_argument("--include-flagged", action="store_true", help=INCLUDE_FLAGGED_HELP)
 
 
 def _add_export(sub, fmt) -> None:

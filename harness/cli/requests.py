@@ -39,6 +39,7 @@ class SweepRequest:
     num_gpus: float | None = None
     max_retries: int = 1
     run_timeout: float | None = None
+    include_flagged: bool = False  # rank flagged runs in the summary and the leaderboard
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class LeaderboardRequest:
     from_mlflow: str | None = None
     experiment: str | None = None
     protocol_version: str | None = None
+    include_flagged: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,8 @@ class ReproduceRequest:
     out: str | None = None
 
 
-def _sweep(args: argparse.Namespace, method_files: tuple, methods=None, only=()) -> SweepRequest:
+def _sweep(args: argparse.Namespace, method_files: tuple, methods=None, only=(),
+           include_flagged: bool = False) -> SweepRequest:
     return SweepRequest(
         protocol=args.protocol, results=args.results, datasets=args.datasets, methods=methods,
         regimes=args.regimes, orders=args.orders, only=tuple(only or ()), method_files=method_files, jobs=args.jobs,
@@ -109,13 +112,14 @@ def _sweep(args: argparse.Namespace, method_files: tuple, methods=None, only=())
         progress=not args.no_progress, leaderboard=not args.no_leaderboard, mlflow=not args.no_mlflow,
         tracking_uri=args.tracking_uri, experiment=args.experiment, ray_address=args.ray_address,
         num_cpus=args.num_cpus, num_gpus=args.num_gpus, max_retries=args.max_retries,
-        run_timeout=args.run_timeout)
+        run_timeout=args.run_timeout, include_flagged=include_flagged)
 
 
 def request_from_args(args: argparse.Namespace):
     """The typed request of a parsed command line."""
     if args.command == "run":
-        return _sweep(args, tuple(args.method), methods=args.methods, only=args.only)
+        return _sweep(args, tuple(args.method), methods=args.methods, only=args.only,
+                      include_flagged=args.include_flagged)
     if args.command == "submit":
         return SubmitRequest(file=args.file, sweep=_sweep(args, (args.file,)))
     if args.command == "check":
@@ -125,7 +129,8 @@ def request_from_args(args: argparse.Namespace):
     if args.command == "leaderboard":
         return LeaderboardRequest(results=args.results, protocol=args.protocol, out=args.out,
                                   from_mlflow=args.from_mlflow, experiment=args.experiment,
-                                  protocol_version=args.protocol_version)
+                                  protocol_version=args.protocol_version,
+                                  include_flagged=args.include_flagged)
     if args.command == "export":
         return ExportRequest(results=args.results, protocol=args.protocol, format=args.format, out=args.out,
                              protocol_version=args.protocol_version)

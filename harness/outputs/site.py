@@ -15,11 +15,12 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from ..analysis.frame import percent_scale, regime_order
+from ..analysis.frame import FLAG, percent_scale, regime_order
 from ..analysis.tables import analyse, headline
 from ..config.paths import REPOSITORY
 from ..config.specs import RunRecord
 from ..config.text import spreadsheet_safe
+from ..config.vocabulary import WARNINGS
 from ..execution.reproduce import reproduce_command
 
 TEMPLATES = REPOSITORY / "leaderboard" / "templates"
@@ -40,8 +41,23 @@ def _env() -> jinja2.Environment:
                              autoescape=True, trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined)
     env.filters.update(num=_num, pct=lambda x, s=100.0: _num(x * s if _ok(x) else x, 1),
-                       slug=slug, tojson_compact=lambda v: json.dumps(v, default=str))
+                       slug=slug, tojson_compact=lambda v: json.dumps(v, default=str),
+                       thousands=_thousands, flag_title=flag_title)
     return env
+
+
+def _thousands(x) -> str:
+    """A whole number with thousands separators (1,234), or an em dash for missing values."""
+    return f"{round(x):,}" if _ok(x) else "—"
+
+
+def flag_title(codes: str) -> str:
+    """Hover text of a flag mark: each comma-joined warning code with its meaning."""
+    items = [c for c in str(codes or "").split(",") if c]
+    # Unknown codes (records from another harness version) are shown without a meaning.
+    if not items:
+        return ""
+    return "learning-check warnings: " + "; ".join(f"{c} ({WARNINGS[c]})" if c in WARNINGS else c for c in items)
 
 
 def _ok(x) -> bool:
@@ -163,16 +179,22 @@ class _Writer:
             return None
 
 
-def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | None = None) -> Path:
-    """Render the whole leaderboard for a list of records; returns index.html's path."""
+def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | None = None,
+               include_flagged: bool = False) -> Path:
+    """Render the whole leaderboard for a list of records; returns index.html's path.
+
+    Flagged runs (learning-check warnings) are shown and marked everywhere, and left out of
+    the rankings unless include_flagged.
+    """
     out = Path(out_dir)
-    tables = analyse(records)
+    tables = analyse(records, include_flagged=include_flagged)
     frame = tables["runs"]
     regimes = regime_order(frame)
     base = {"protocol": _protocol(records), "scale": percent_scale(frame), "regimes": regimes,
             "regime_colour": {r: REGIME_COLOURS[min(i, len(REGIME_COLOURS) - 1)] for i, r in enumerate(regimes)},
             "datasets": sorted(frame["dataset"].unique()), "methods": sorted(frame["method"].unique()),
-            "results_dir": results_dir}
+            "results_dir": results_dir, "include_flagged": include_flagged, "flag": FLAG,
+            "warning_text": WARNINGS}
     with _Writer(out, _env(), base) as w:  # on leaving: files of the previous build not rewritten go
         index = _overview(w, tables, records)
         for ds in base["datasets"]:
@@ -203,21 +225,34 @@ def site_summary_line(path) -> str:
 def _overview(w: _Writer, t: dict, records) -> Path:
     frame = t["runs"]
     status = frame.groupby(["dataset", "status"]).size().unstack(fill_value=0)
+    flagged_per = frame.groupby("dataset")["flagged"].sum()
     gr = t["global_ranks"]
     ctx = {
         "title": "Overview", "n_runs": len(frame),
         "status_counts": frame["status"].value_counts().to_dict(),
-        "status_table": [{"dataset": ds, **{k: int(v) for k, v in row.items()}} for ds, row in status.iterrows()],
+        "status_table": [{"dataset": ds, **{k: int(v) for k, v in row.items()}, "_flagged": int(flagged_per[ds])}
+                         for ds, row in status.iterrows()],
         "statuses": list(status.columns),
         "headline": headline(t),
+        "flagged": _records_of(t["flagged"]), "budget": _budget_summary(t["budget"]),
+        "unranked": [r for r in w.base["regimes"] if r not in set(gr["regime"])],
         "global": {rg: _records_of(sub) for rg, sub in gr.groupby("regime", sort=False)},
         "global_chart": _rank_whiskers(gr, w.base["regimes"]),
         "failed": _records_of(frame[frame["status"] != "ok"][["run_id", "dataset", "regime", "method", "order", "seed", "status", "error"]]),
         "w_regimes": _records_of(t["w_regimes"]),
         "downloads": {"global ranking": w.table(gr, "global_ranks"), "coverage": w.table(t["coverage"], "coverage"),
-                      "all runs": w.table(frame, "runs"), "agreement (W across regimes)": w.table(t["w_regimes"], "w_regimes")},
+                      "all runs": w.table(frame, "runs"), "agreement (W across regimes)": w.table(t["w_regimes"], "w_regimes"),
+                      "flagged runs": w.table(t["flagged"], "flagged"), "training budget": w.table(t["budget"], "budget")},
     }
     return w.page("index.html", "index.html", **ctx)
+
+
+def _budget_summary(budget: pd.DataFrame) -> dict:
+    """Per-method budget rows, and whether methods differ (the overview shows the table only then)."""
+    rows = _records_of(budget)
+    rel = [r["relative_steps"] for r in rows if r["relative_steps"] is not None]
+    # 1% slack: steps follow the sample counts, which differ a little between task orders.
+    return {"rows": rows, "differs": bool(rel) and max(rel) - min(rel) > 0.01}
 
 
 def _rank_whiskers(gr: pd.DataFrame, regimes) -> dict:
@@ -347,7 +382,8 @@ def _method_page(w: _Writer, t: dict, records, m: str) -> Path:
     ctx = {"title": m, "method": m, "names": names,
            "hparams": [json.loads(h) for h in hparams], "submissions": [json.loads(s) for s in subs],
            "rows": _records_of(mt), "diagnostics": _diagnostics(mine, w.base["regimes"], _captions(names)),
-           "runs": _records_of(t["runs"][t["runs"]["method"] == m][["run_id", "dataset", "regime", "order", "seed", "status", "acc", "forgetting"]]),
+           "runs": _records_of(t["runs"][t["runs"]["method"] == m][["run_id", "dataset", "regime", "order", "seed", "status",
+                                                                    "acc", "forgetting", "optimizer_steps", "n_warnings", "warning_codes"]]),
            "downloads": {"per-regime results": w.table(mt, f"method-{slug(m)}")}}
     return w.page("method.html", f"method-{slug(m)}.html", **ctx)
 
@@ -432,8 +468,36 @@ def _run_page(w: _Writer, rec: RunRecord, base: dict) -> Path:
            "matrix": _matrix_cells(rec.acc_matrix or []),
            "norm_rows": _norm_rows(norms), "shared": _series(norms.get("shared")) or [],
            "metrics": rec.metrics or {}, "diagnostics": [
-               (name, s) for k, v in (rec.diagnostics or {}).items() for name, s in _flatten(k, v)]}
+               (name, s) for k, v in (rec.diagnostics or {}).items() for name, s in _flatten(k, v)],
+           "warnings": _warning_rows(rec.warnings), "budget": _budget_rows(rec.budget or {})}
     return w.page("run.html", f"runs/{slug(rid)}.html", **ctx)
+
+
+def _warning_rows(warnings: list) -> list[dict]:
+    """A record's warnings with 1-based task numbers and each code's meaning."""
+    return [{"task": w["task"] + 1 if _ok(w.get("task")) else None, "code": str(w.get("code", "")),
+             "meaning": WARNINGS.get(w.get("code"), ""), "message": str(w.get("message", ""))}
+            for w in warnings or [] if isinstance(w, dict)]
+
+
+def _budget_rows(budget: dict) -> dict:
+    """Totals and per-task steps, samples and epochs per training stage of a record's budget."""
+    per = [budget.get(k) if isinstance(budget.get(k), list) else [] for k in
+           ("steps_per_task", "samples_per_task", "epochs_per_stage")]
+    tasks = [{"task": t + 1, "steps": _at(per[0], t), "samples": _at(per[1], t),
+              "stages": _stages(_at(per[2], t))}
+             for t in range(max(map(len, per)))]
+    return {"steps": budget.get("optimizer_steps"), "samples": budget.get("samples_seen"), "tasks": tasks}
+
+
+def _stages(epochs) -> str:
+    """Epochs of a task's training stages as "1 + 1" (one stage: "2")."""
+    return " + ".join(map(str, epochs)) if isinstance(epochs, list) else ("" if epochs is None else str(epochs))
+
+
+def _at(seq: list, i: int):
+    """seq[i], or None past its end (a failed run's budget stops at its last task)."""
+    return seq[i] if i < len(seq) else None
 
 
 def _matrix_cells(R: list) -> dict:
