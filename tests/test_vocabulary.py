@@ -44,7 +44,7 @@ def test_the_restatement_patterns_match_their_definitions():
 def test_backbones_name_their_blocks_as_the_vocabulary_does():
     from harness.run.models import BUILDERS, build_model, trainable_block_names
 
-    shapes = {"mlp": (1, 8, 8), "small-cnn": (1, 28, 28), "resnet18-reduced": (3, 32, 32)}
+    shapes = {"mlp": (1, 8, 8), "mlp-bn": (1, 8, 8), "cnn1d": (40,), "small-cnn": (1, 28, 28), "resnet18-reduced": (3, 32, 32)}
     assert set(BUILDERS) == set(v.MODELS) == set(shapes)
     for name, facts in v.MODELS.items():
         assert trainable_block_names(build_model(name, shapes[name], 2, 2)) == list(facts.blocks)

@@ -80,16 +80,24 @@ class CLNet(MultiTaskModule):
         return self
 
 
-def _mlp(input_shape, feature_dim: int = 100) -> list[nn.Module]:
+def _mlp(input_shape, feature_dim: int = 100, batchnorm: bool = False) -> list[nn.Module]:
     in_dim = int(torch.tensor(input_shape).prod())
     depth = MODELS["mlp"].n_blocks
     dims = [in_dim] + [feature_dim] * depth
     blocks = []
     for i in range(depth):
         layers = [nn.Flatten()] if i == 0 else []
-        layers += [nn.Linear(dims[i], dims[i + 1]), nn.ReLU()]
-        blocks.append(nn.Sequential(*layers))
+        layers += [nn.Linear(dims[i], dims[i + 1])]
+        layers += [nn.BatchNorm1d(dims[i + 1])] if batchnorm else []
+        blocks.append(nn.Sequential(*layers, nn.ReLU()))
     return blocks
+
+
+def _mlp_bn(input_shape, feature_dim: int = 100) -> list[nn.Module]:
+    """The MLP with BatchNorm after every linear layer: the features a frozen prefix hands a new
+    head stay normalised (without it, a head trained by SGD on the ReLU features of a network
+    fitted to one earlier task learns far less than those features allow; benchmarks/demo_tuning.py)."""
+    return _mlp(input_shape, feature_dim, batchnorm=True)
 
 
 def _conv_bn(c_in: int, c_out: int, pool: bool) -> nn.Sequential:
@@ -105,6 +113,24 @@ def _small_cnn(input_shape, width: int = 32, feature_dim: int = 128) -> list[nn.
     return [_conv_bn(c, width, pool=True), _conv_bn(width, 2 * width, pool=True),
             _conv_bn(2 * width, 2 * width, pool=True),
             nn.Sequential(nn.Flatten(), nn.Linear(flat, feature_dim), nn.ReLU())]
+
+
+def _conv1d_bn(c_in: int, c_out: int, kernel: int) -> list[nn.Module]:
+    return [nn.Conv1d(c_in, c_out, kernel, padding=kernel // 2, bias=False), nn.BatchNorm1d(c_out), nn.ReLU(),
+            nn.MaxPool1d(2)]
+
+
+def _cnn1d(input_shape, width: int = 16, feature_dim: int = 100) -> list[nn.Module]:
+    """small-cnn's design for 1-D signals such as mnist1d's (an MLP leaves some mnist1d class pairs
+    at chance; benchmarks/demo_tuning.py): conv blocks of width w, 2w, 2w, then one fc block, all
+    with BatchNorm (normalised features for a head trained on a frozen prefix, as in mlp-bn)."""
+    length = int(input_shape[-1])
+    channels = int(input_shape[0]) if len(input_shape) == 2 else 1
+    first = [nn.Unflatten(1, (1, length))] if len(input_shape) == 1 else []
+    flat = 2 * width * (length // 8)
+    return [nn.Sequential(*first, *_conv1d_bn(channels, width, 5)), nn.Sequential(*_conv1d_bn(width, 2 * width, 3)),
+            nn.Sequential(*_conv1d_bn(2 * width, 2 * width, 3)),
+            nn.Sequential(nn.Flatten(), nn.Linear(flat, feature_dim), nn.BatchNorm1d(feature_dim), nn.ReLU())]
 
 
 class BasicBlock(nn.Module):
@@ -142,7 +168,9 @@ def _reduced_resnet18(input_shape, nf: int = 20) -> list[nn.Module]:
 # parameter-free blocks); the blocks' names are the vocabulary's (config.vocabulary.MODELS).
 BUILDERS = {
     "mlp": (_mlp, lambda kw: kw.get("feature_dim", 100), {}),
+    "mlp-bn": (_mlp_bn, lambda kw: kw.get("feature_dim", 100), {}),
     "small-cnn": (_small_cnn, lambda kw: kw.get("feature_dim", 128), {}),
+    "cnn1d": (_cnn1d, lambda kw: kw.get("feature_dim", 100), {}),
     "resnet18-reduced": (_reduced_resnet18, lambda kw: 8 * kw.get("nf", 20),
                          {"pool": lambda: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())}),
 }
