@@ -31,6 +31,8 @@ CONFIGS = {  # name -> (backbones, training)
     "v2-e5": (CNN1D, dict(lr=0.05, momentum=0.9, epochs=5, batch_size=64)),
     "v2-e3": (CNN1D, dict(lr=0.05, momentum=0.9, epochs=3, batch_size=64)),
     "v2-lr.1-e3": (CNN1D, dict(lr=0.1, momentum=0.9, epochs=3, batch_size=64)),
+    "b128-lr.1-e4": (CNN1D, dict(lr=0.1, momentum=0.9, epochs=4, batch_size=128)),
+    "b128-lr.05-e5": (CNN1D, dict(lr=0.05, momentum=0.9, epochs=5, batch_size=128)),
 }
 
 
