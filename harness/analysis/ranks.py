@@ -92,42 +92,58 @@ def mean_acc(cells: Cells, dataset: str, regime: str, methods: list[str]) -> pd.
     return cells.orders(dataset, regime, methods).mean()
 
 
-def regime_agreement(frame: pd.DataFrame, cells: Cells | None = None, seed: int = stats.SEED) -> pd.DataFrame:
-    """Kendall tau_b between the mean-ACC rankings of every pair of regimes, per dataset (both orders listed)."""
+def _skipped(skip: dict | None, dataset: str) -> dict[str, str]:
+    """{regime: reason} of a dataset's regimes left out of agreement statistics (degenerate ones)."""
+    return (skip or {}).get(dataset, {})
+
+
+def regime_agreement(frame: pd.DataFrame, cells: Cells | None = None, seed: int = stats.SEED,
+                     skip: dict | None = None) -> pd.DataFrame:
+    """Kendall tau_b between the mean-ACC rankings of every pair of regimes, per dataset (both orders listed).
+
+    skip: {dataset: {regime: reason}}; pairs with such a regime get no tau and say why in `note`.
+    """
     c = _cells(frame, cells)
     rows = []
     for ds in c.datasets:
-        regs = c.regimes(ds)
+        regs, left_out = c.regimes(ds), _skipped(skip, ds)
         for i, a in enumerate(regs):
             for b in regs[i:]:
                 keep, out = c.complete_across(ds, [a, b])
                 tau, p = math.nan, math.nan
-                if a == b and len(keep) >= 2:
+                note = "; ".join(f"{r} left out: {left_out[r]}" for r in dict.fromkeys((a, b)) if r in left_out)
+                if note or len(keep) < 2:
+                    pass  # no ranking to compare: tau stays NaN, the note says why
+                elif a == b:
                     tau = 1.0  # a ranking agrees with itself; no test to run
-                elif len(keep) >= 2:
+                else:
                     tau, p = stats.tau_permutation_test(mean_acc(c, ds, a, keep).to_numpy(),
                                                         mean_acc(c, ds, b, keep).to_numpy(), seed=seed)
-                row = {"dataset": ds, "tau": tau, "p": p, "n_methods": len(keep), "excluded": _joined(out)}
+                row = {"dataset": ds, "tau": tau, "p": p, "n_methods": len(keep), "excluded": _joined(out),
+                       "note": note}
                 rows.append({**row, "regime_a": a, "regime_b": b})
                 if a != b:
                     rows.append({**row, "regime_a": b, "regime_b": a})
-    cols = ["dataset", "regime_a", "regime_b", "tau", "p", "n_methods", "excluded"]
+    cols = ["dataset", "regime_a", "regime_b", "tau", "p", "n_methods", "excluded", "note"]
     return pd.DataFrame(rows, columns=cols)
 
 
-def w_across_regimes(frame: pd.DataFrame, cells: Cells | None = None) -> pd.DataFrame:
-    """Kendall's W of the method rankings (mean ACC) across all regimes of a dataset."""
+def w_across_regimes(frame: pd.DataFrame, cells: Cells | None = None, skip: dict | None = None) -> pd.DataFrame:
+    """Kendall's W of the method rankings (mean ACC) across the regimes of a dataset (skipped ones left out)."""
     c = _cells(frame, cells)
     rows = []
     for ds in c.datasets:
-        regs = c.regimes(ds)
+        left_out = _skipped(skip, ds)
+        regs = [r for r in c.regimes(ds) if r not in left_out]
         keep, out = c.complete_across(ds, regs)
         ranks = np.array([stats.rank_rows(mean_acc(c, ds, r, keep).to_numpy()) for r in regs]) \
-            if keep else np.empty((len(regs), 0))
+            if keep and regs else np.empty((len(regs), 0))
         w = stats.kendall_w(ranks)
         rows.append({"dataset": ds, "w": w["w"], "chi2": w["chi2"], "p": w["p"],
-                     "n_regimes": len(regs), "n_methods": len(keep), "excluded": _joined(out)})
-    return pd.DataFrame(rows, columns=["dataset", "w", "chi2", "p", "n_regimes", "n_methods", "excluded"])
+                     "n_regimes": len(regs), "n_methods": len(keep), "excluded": _joined(out),
+                     "regimes_left_out": _joined(left_out)})
+    return pd.DataFrame(rows, columns=["dataset", "w", "chi2", "p", "n_regimes", "n_methods", "excluded",
+                                       "regimes_left_out"])
 
 
 def w_across_orders(frame: pd.DataFrame, cells: Cells | None = None) -> pd.DataFrame:
@@ -210,3 +226,22 @@ def friedman_table(frame: pd.DataFrame, cells: Cells | None = None, alpha: float
                          "cd": stats.nemenyi_cd(len(keep), n, alpha), "excluded": _joined(out)})
     return pd.DataFrame(rows, columns=["dataset", "regime", "k", "N", "chi2", "p", "ff", "ff_p",
                                        "cd", "excluded"])
+
+
+def nemenyi_table(frame: pd.DataFrame, cells: Cells | None = None) -> pd.DataFrame:
+    """Pairwise Nemenyi p-values (scikit-posthocs) over task orders per (dataset, regime)."""
+    c = _cells(frame, cells)
+    rows = []
+    for ds in c.datasets:
+        for rg in c.regimes(ds):
+            keep, _ = complete(c.mat(ds, rg))
+            om = c.orders(ds, rg, keep)
+            if len(keep) < 2 or len(om) < 2:
+                continue
+            p = stats.nemenyi_pvalues(om.to_numpy())
+            mr = _ranks(om).mean()
+            rows += [{"dataset": ds, "regime": rg, "method_1": a, "method_2": b, "n_blocks": len(om),
+                      "rank_diff": float(mr[a] - mr[b]), "p": float(p[i, j])}
+                     for (i, a), (j, b) in itertools.combinations(enumerate(keep), 2)]
+    return pd.DataFrame(rows, columns=["dataset", "regime", "method_1", "method_2", "n_blocks",
+                                       "rank_diff", "p"])

@@ -8,7 +8,6 @@ serves a cluster bootstrap (weights drawn per run, shared by that run's observat
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 
 import numpy as np
@@ -197,35 +196,33 @@ def _pair_signs(v: np.ndarray) -> np.ndarray:
 
 
 def kendall_tau_b(x, y) -> float:
-    """Kendall tau_b (tie-corrected) between two score vectors."""
+    """Kendall tau_b (tie-corrected) between two score vectors (scipy)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if x.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan
+    return float(sps.kendalltau(x, y, variant="b").statistic)
+
+
+def _tau_statistic(x, y, axis=-1):
+    """tau_b of x against each row of y (the vectorised statistic permutation_test calls)."""
     sx, sy = _pair_signs(np.asarray(x, float)), _pair_signs(np.asarray(y, float))
-    denom = math.sqrt(np.count_nonzero(sx) * np.count_nonzero(sy))
-    return float((sx * sy).sum() / denom) if denom else math.nan
-
-
-@functools.lru_cache(maxsize=16)
-def _all_permutations(n: int) -> np.ndarray:
-    return np.array(list(itertools.permutations(range(n))))
+    denom = np.sqrt(np.count_nonzero(sx, axis=-1) * np.count_nonzero(sy, axis=-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (sx * sy).sum(-1) / denom
 
 
 def tau_permutation_test(x, y, n_perm: int = 10000, seed: int = SEED) -> tuple[float, float]:
-    """tau_b and a two-sided permutation p-value (exact enumeration up to 8 items)."""
+    """tau_b and its two-sided permutation p-value (scipy.stats.permutation_test over pairings;
+    exact enumeration up to 8 items, else n_perm seeded random pairings)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     tau = kendall_tau_b(x, y)
-    n = x.size
     if math.isnan(tau):
         return tau, math.nan
-    if math.factorial(n) <= 40320:
-        perms, exact = _all_permutations(n), True
-    else:
-        perms = np.argsort(np.random.default_rng(seed).random((n_perm, n)), axis=1)
-        exact = False
-    sx, sy = _pair_signs(x), _pair_signs(y[perms])
-    denom = math.sqrt(np.count_nonzero(sx) * np.count_nonzero(_pair_signs(y)))
-    taus = (sy * sx).sum(1) / denom
-    hits = np.count_nonzero(np.abs(taus) >= abs(tau) - 1e-12)
-    p = hits / len(perms) if exact else (hits + 1) / (n_perm + 1)
-    return tau, float(p)
+    exact = math.factorial(x.size) <= 40320
+    res = sps.permutation_test((x, y), _tau_statistic, permutation_type="pairings", vectorized=True,
+                               n_resamples=np.inf if exact else n_perm, alternative="two-sided",
+                               rng=np.random.default_rng(seed))
+    return tau, float(res.pvalue)
 
 
 def rank_rows(scores: np.ndarray, higher_is_better: bool = True) -> np.ndarray:
@@ -253,13 +250,16 @@ def kendall_w(ranks: np.ndarray) -> dict:
 
 
 def friedman(ranks: np.ndarray) -> dict:
-    """Friedman chi2 and Iman-Davenport F on an (N blocks x k methods) rank matrix."""
+    """Friedman chi2 (scipy, tie-corrected) and Iman-Davenport F on an (N blocks x k methods) matrix."""
     R = np.asarray(ranks, float)
     N, k = R.shape
-    w = kendall_w(R)  # chi2_F = N (k - 1) W, with the same tie correction
-    out = {"chi2": w["chi2"], "p": w["p"], "N": N, "k": k, "ff": math.nan, "ff_p": math.nan}
-    if not math.isnan(w["chi2"]) and N * (k - 1) - w["chi2"] > 0:
-        ff = (N - 1) * w["chi2"] / (N * (k - 1) - w["chi2"])
+    out = {"chi2": math.nan, "p": math.nan, "N": N, "k": k, "ff": math.nan, "ff_p": math.nan}
+    if N < 2 or k < 3 or np.all(R == R[:, :1]):  # scipy needs 3 groups; all-tied blocks have no test
+        return out
+    chi2, p = sps.friedmanchisquare(*R.T)
+    out.update(chi2=float(chi2), p=float(p))
+    if N * (k - 1) - chi2 > 0:
+        ff = (N - 1) * chi2 / (N * (k - 1) - chi2)
         out.update(ff=float(ff), ff_p=float(sps.f.sf(ff, k - 1, (k - 1) * (N - 1))))
     return out
 
@@ -273,15 +273,22 @@ def nemenyi_cd(k: int, n_blocks: int, alpha: float = 0.05) -> float:
 
 
 def holm(pvalues) -> np.ndarray:
-    """Holm step-down adjusted p-values (monotone, capped at 1; NaN stays NaN)."""
+    """Holm step-down adjusted p-values (statsmodels; NaN stays NaN and is not counted)."""
+    from statsmodels.stats.multitest import multipletests  # slow import: only when needed
+
     p = np.asarray(pvalues, float)
     out = np.full_like(p, math.nan)
-    ok = np.flatnonzero(np.isfinite(p))
-    order = ok[np.argsort(p[ok], kind="stable")]
-    m = order.size
-    adj = np.maximum.accumulate((m - np.arange(m)) * p[order])
-    out[order] = np.minimum(adj, 1.0)
+    ok = np.isfinite(p)
+    if ok.any():
+        out[ok] = multipletests(p[ok], method="holm")[1]
     return out
+
+
+def nemenyi_pvalues(blocks: np.ndarray) -> np.ndarray:
+    """Pairwise Nemenyi p-values after Friedman (scikit-posthocs) for an (N blocks x k) score matrix."""
+    import scikit_posthocs as sp
+
+    return sp.posthoc_nemenyi_friedman(np.asarray(blocks, float)).to_numpy()
 
 
 def wilcoxon_p(a, b) -> float:

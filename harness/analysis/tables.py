@@ -5,9 +5,10 @@ import math
 
 import pandas as pd
 
-from harness.analysis import correlations, ranks, stats
+from harness.analysis import correlations, curves, decisions, power, ranks, stats
 from harness.analysis.coverage import Cells, coverage_table
-from harness.analysis.frame import records_to_frame, regime_order, warning_codes
+from harness.analysis.degenerate import degenerate_regimes, degenerate_table
+from harness.analysis.frame import percent_scale, records_to_frame, regime_order, warning_codes
 from harness.config.vocabulary import METRICS
 
 VALUES = (*METRICS, "mean_update_norm", "drift")
@@ -77,60 +78,104 @@ def flagged_table(records, regimes=()) -> pd.DataFrame:
     return out.drop(columns="_r").reset_index(drop=True)
 
 
-def analyse(records, seed: int = stats.SEED, include_flagged: bool = False) -> dict[str, pd.DataFrame]:
+def analyse(records, seed: int = stats.SEED, include_flagged: bool = False,
+            rope: float = decisions.ROPE_POINTS) -> dict[str, pd.DataFrame]:
     """Every leaderboard table, by name; `frame` is the tidy per-run frame they come from.
 
     Flagged runs (learning-check warnings) are left out of every rank statistic, as missing
     cells, unless include_flagged; the metric tables always include and count them.
+    Degenerate regimes (every method ties) are left out of tau, W and credible reversals.
+    rope: region of practical equivalence of the Bayesian comparisons, in ACC points.
     """
     frame = records_to_frame(records, include_flagged)
     cells = Cells(frame)
     mt = metric_table(frame, seed)
     mr = ranks.mean_ranks(frame, cells, seed)
-    reversals = ranks.rank_reversals(frame, cells)
+    degenerate = degenerate_table(frame, cells)
+    skip = degenerate_regimes(degenerate)
+    rope_acc = decisions.rope_fraction(rope, percent_scale(frame))
+    bayes = decisions.bayes_table(cells, rope_acc)
+    credible = decisions.credible_reversals(bayes, regime_order(frame), {**skip, decisions.ALL: _everywhere(skip, cells)})
+    reversals = _with_credible(ranks.rank_reversals(frame, cells), credible)
     return {
         "runs": frame,
         "coverage": coverage_table(frame),
         "methods": mt.merge(mr, on=["dataset", "regime", "method"], how="left"),
         "order_ranks": ranks.order_ranks(frame, cells),
         "global_ranks": ranks.global_ranks(frame, cells, seed),
-        "tau": ranks.regime_agreement(frame, cells, seed),
-        "w_regimes": ranks.w_across_regimes(frame, cells),
+        "tau": ranks.regime_agreement(frame, cells, seed, skip),
+        "w_regimes": ranks.w_across_regimes(frame, cells, skip),
         "w_orders": ranks.w_across_orders(frame, cells),
         "reversals": reversals,
         "reversal_summary": ranks.reversal_summary(frame, reversals, cells),
         "friedman": ranks.friedman_table(frame, cells),
+        "nemenyi": ranks.nemenyi_table(frame, cells),
+        "bayes": bayes,
+        "credible_reversals": credible,
+        "degenerate": degenerate,
+        "power": power.observed_power(cells, skip, rope_acc),
+        "curves": curves.task_curves(records, seed),
         "norm_forgetting": correlations.norm_vs_forgetting(frame, seed),
         "depth_profile": correlations.depth_profile(frame, seed),
         "depth_trend": correlations.depth_trend(frame, seed),
         "step_level": correlations.step_level(records, frame, seed),
         "budget": budget_table(frame),
         "flagged": flagged_table(records, regime_order(frame)),
+        "settings": pd.DataFrame([{"rope_points": rope, "rope": rope_acc, "credible": decisions.bayes.CREDIBLE,
+                                   "alpha": power.ALPHA, "include_flagged": include_flagged}]),
     }
 
 
+def _everywhere(skip: dict, cells: Cells) -> dict[str, str]:
+    """Regimes degenerate in every dataset that has them: left out of the pooled comparisons too."""
+    regs = {r for ds in cells.datasets for r in cells.regimes(ds)}
+    return {r: "degenerate in every data set" for r in sorted(regs)
+            if all(r in skip.get(ds, {}) for ds in cells.datasets if r in cells.regimes(ds))}
+
+
+def _with_credible(reversals: pd.DataFrame, credible: pd.DataFrame) -> pd.DataFrame:
+    """The reversal list with a `credible` column: the flip is credible in both regimes."""
+    keys = ["dataset", "regime_a", "regime_b", "method_1", "method_2"]
+    hits = set(map(tuple, credible[keys].to_numpy().tolist())) if len(credible) else set()
+    return reversals.assign(credible=[tuple(r) in hits for r in reversals[keys].to_numpy().tolist()])
+
+
 def headline(tables: dict[str, pd.DataFrame]) -> dict:
-    """How much rankings change across regimes, in a few numbers for the overview."""
+    """How much rankings change across regimes, in a few numbers for the overview.
+
+    Degenerate regimes are already out of tau and W; credible reversals lead.
+    """
     tau = tables["tau"]
     off = tau[(tau["regime_a"] < tau["regime_b"]) & tau["tau"].notna()]
     rs = tables["reversal_summary"]
     w = tables["w_regimes"]["w"].dropna()
-    shallow_deep = _extreme_pair_tau(tables)
+    credible = tables.get("credible_reversals", pd.DataFrame())
+    per_dataset = credible[credible["dataset"] != decisions.ALL] if len(credible) else credible
+    deg = tables.get("degenerate", pd.DataFrame())
+    pw = tables.get("power", pd.DataFrame())
+    settings = tables.get("settings", pd.DataFrame([{}]))
     return {"mean_tau": float(off["tau"].mean()) if len(off) else math.nan,
             "min_tau": float(off["tau"].min()) if len(off) else math.nan,
-            "n_tau": len(off), "shallow_deep": shallow_deep,
+            "n_tau": len(off), "shallow_deep": _extreme_pair_tau(tables),
             "reversals": int(rs["reversals"].sum()), "significant": int(rs["significant"].sum()),
             "pairs_compared": int(rs["n_pairs"].sum()),
-            "mean_w": float(w.mean()) if len(w) else math.nan}
+            "mean_w": float(w.mean()) if len(w) else math.nan,
+            "credible": len(per_dataset),
+            "credible_pooled": len(credible) - len(per_dataset),
+            "top_credible": per_dataset.head(3).to_dict("records") if len(per_dataset) else [],
+            "degenerate": deg[deg["degenerate"]][["dataset", "regime", "reason"]].to_dict("records") if len(deg) else [],
+            "power_warnings": sorted(set(pw.loc[~pw["reachable"].astype(bool), "message"])) if len(pw) else [],
+            "rope": float(settings["rope_points"].iloc[0]) if "rope_points" in settings else math.nan}
 
 
 def _extreme_pair_tau(tables) -> list[dict]:
-    """tau between the shallowest and the deepest regime of each dataset."""
+    """tau between the shallowest and the deepest regime of each dataset with a tau (degenerate ones have none)."""
     order = regime_order(tables["runs"])
     tau = tables["tau"]
     out = []
     for ds, sub in tau.groupby("dataset"):
-        regs = [r for r in order if r in set(sub["regime_a"])]
+        valid = sub[sub["tau"].notna() & (sub["regime_a"] != sub["regime_b"])]
+        regs = [r for r in order if r in set(valid["regime_a"])]
         if len(regs) >= 2:
             row = sub[(sub["regime_a"] == regs[0]) & (sub["regime_b"] == regs[-1])].iloc[0]
             out.append({"dataset": ds, "a": regs[0], "b": regs[-1], "tau": row["tau"],

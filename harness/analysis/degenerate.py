@@ -1,0 +1,54 @@
+"""Degenerate regimes: every method scores the same, so a ranking there says nothing.
+
+Example: `head` under task-IL with first-task pretraining, where most methods only differ
+in how they treat the shared body, which does not train. Such a regime is shown, and left
+out of tau, W and the headline with its reason.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from harness.analysis.coverage import Cells, complete
+from harness.analysis.frame import percent_scale
+
+TOLERANCE = 1e-6  # in accuracy fractions; scaled when records store percents
+
+
+def tie_groups(om: pd.DataFrame, tol: float) -> list[list[str]]:
+    """Methods whose per-order scores all lie within tol of the group's first method, largest first."""
+    left, groups = list(om.columns), []
+    while left:
+        head = om[left[0]]
+        same = [m for m in left if (om[m] - head).abs().max() <= tol]
+        groups.append(same)
+        left = [m for m in left if m not in same]
+    return sorted(groups, key=len, reverse=True)
+
+
+def degenerate_table(frame: pd.DataFrame, cells: Cells, tolerance: float = TOLERANCE) -> pd.DataFrame:
+    """Per (dataset, regime): whether every complete method ties, the largest tie group, and why."""
+    tol = tolerance * (1.0 if percent_scale(frame) == 100.0 else 100.0)
+    rows = []
+    for ds in cells.datasets:
+        for rg in cells.regimes(ds):
+            keep, _ = complete(cells.mat(ds, rg))
+            om = cells.orders(ds, rg, keep)
+            groups = tie_groups(om, tol) if keep else []
+            largest = groups[0] if groups else []
+            spread = float((om.max(axis=1) - om.min(axis=1)).max()) if keep else float("nan")
+            degenerate = len(keep) >= 2 and len(largest) == len(keep)
+            reason = (f"all {len(keep)} methods score within {tol:g} of each other in every task order"
+                      if degenerate else "")
+            rows.append({"dataset": ds, "regime": rg, "n_methods": len(keep), "degenerate": degenerate,
+                         "largest_tie": len(largest), "tied": ", ".join(largest) if len(largest) > 1 else "",
+                         "spread": spread, "reason": reason})
+    return pd.DataFrame(rows, columns=["dataset", "regime", "n_methods", "degenerate", "largest_tie",
+                                       "tied", "spread", "reason"])
+
+
+def degenerate_regimes(table: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """{dataset: {regime: reason}} of the degenerate cells."""
+    out: dict[str, dict[str, str]] = {}
+    for row in table[table["degenerate"]].itertuples():
+        out.setdefault(row.dataset, {})[row.regime] = row.reason
+    return out

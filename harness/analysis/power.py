@@ -1,0 +1,174 @@
+"""Design power: the smallest p (or the largest posterior probability) a test can reach.
+
+A test over N paired blocks (task orders; seeds are averaged within an order) cannot go
+below a floor set by N alone: the exact two-sided Wilcoxon signed-rank p is at least
+2 / 2^N (5 orders: 0.0625, so nothing is ever significant at 0.05). Every test the
+leaderboard shows is listed here with its floor, whether it can reach α at all, and how
+many blocks it would need. Pure functions of the design; no data needed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+from harness.analysis import bayes
+
+ALPHA = 0.05
+MAX_BLOCKS = 200  # search limit for "blocks needed"
+
+
+@dataclass(frozen=True)
+class TestDesign:
+    """What a test is applied to: blocks, items compared, simultaneous comparisons."""
+
+    test: str
+    n_blocks: int
+    n_items: int
+    n_comparisons: int = 1
+
+
+def wilcoxon_floor(n: int, comparisons: int = 1) -> float:
+    """Smallest Holm-adjusted exact two-sided Wilcoxon p over n blocks: m · 2 / 2^n (capped at 1)."""
+    return 1.0 if n < 1 else min(1.0, comparisons * 2.0 ** (1 - n))
+
+
+def friedman_floor(n: int, k: int) -> float:
+    """Smallest Friedman p: every block ranks the k items the same way (chi2 = n (k - 1))."""
+    return 1.0 if n < 2 or k < 2 else float(sps.chi2.sf(n * (k - 1), k - 1))
+
+
+def nemenyi_floor(n: int, k: int) -> float:
+    """Smallest Nemenyi pairwise p: best vs worst in every block (mean-rank gap k - 1)."""
+    if n < 1 or k < 2:
+        return 1.0
+    q = (k - 1) / math.sqrt(k * (k + 1) / (6.0 * n)) * math.sqrt(2.0)
+    return float(sps.studentized_range.sf(q, k, np.inf))  # as scikit-posthocs computes it
+
+
+def tau_floor(k: int) -> float:
+    """Smallest two-sided exact permutation p of Kendall's tau over k distinct items: 2 / k!."""
+    return 1.0 if k < 2 else min(1.0, 2.0 / math.factorial(k))
+
+
+FLOORS = {
+    "wilcoxon-holm": lambda d: wilcoxon_floor(d.n_blocks, d.n_comparisons),
+    "friedman": lambda d: friedman_floor(d.n_blocks, d.n_items),
+    "nemenyi": lambda d: nemenyi_floor(d.n_blocks, d.n_items),
+    "kendall-w": lambda d: friedman_floor(d.n_blocks, d.n_items),  # same chi2, other blocks
+    "kendall-tau": lambda d: tau_floor(d.n_items),
+}
+WHAT = {
+    "wilcoxon-holm": "paired Wilcoxon per method pair over task orders, Holm-corrected",
+    "friedman": "Friedman test of the methods over task orders",
+    "nemenyi": "Nemenyi post-hoc pairwise test after Friedman",
+    "kendall-w": "Kendall's W of the method rankings across regimes",
+    "kendall-tau": "Kendall tau permutation test between two regimes' rankings",
+    "bayes-signed-rank": "Bayesian signed-rank test per method pair (ROPE)",
+}
+BLOCKS = {"kendall-w": "regimes", "kendall-tau": "methods"}  # what N counts, when not orders
+
+
+def floor(design: TestDesign) -> float:
+    """Smallest attainable p of a frequentist test (NaN for the Bayesian one)."""
+    f = FLOORS.get(design.test)
+    return f(design) if f else math.nan
+
+
+def max_probability(design: TestDesign, rope: float) -> float:
+    """Largest posterior probability of the Bayesian test (NaN for the frequentist ones)."""
+    return bayes.max_attainable(design.n_blocks, rope) if design.test == "bayes-signed-rank" else math.nan
+
+
+def reachable(design: TestDesign, rope: float, alpha: float = ALPHA) -> bool:
+    """Whether any data could make the test decide: p < alpha, or P >= the credible level."""
+    if design.test == "bayes-signed-rank":
+        return max_probability(design, rope) >= bayes.CREDIBLE
+    return floor(design) < alpha
+
+
+def blocks_needed(design: TestDesign, rope: float, alpha: float = ALPHA) -> float:
+    """The fewest blocks with which the test can decide (NaN when none up to MAX_BLOCKS)."""
+    if design.test == "kendall-tau":  # its floor depends on the items compared, not on blocks
+        return next((k for k in range(2, 21) if tau_floor(k) < alpha), math.nan)
+    for n in range(1, MAX_BLOCKS + 1):
+        if reachable(TestDesign(design.test, n, design.n_items, design.n_comparisons), rope, alpha):
+            return n
+    return math.nan
+
+
+def power_row(design: TestDesign, rope: float, alpha: float = ALPHA) -> dict:
+    """One row of the design-power table, with a one-line message when the test cannot decide."""
+    ok = reachable(design, rope, alpha)
+    need = blocks_needed(design, rope, alpha)
+    row = {"test": design.test, "n_blocks": design.n_blocks, "n_items": design.n_items,
+           "n_comparisons": design.n_comparisons, "min_p": floor(design),
+           "max_prob": max_probability(design, rope), "alpha": alpha,
+           "threshold": bayes.CREDIBLE if design.test == "bayes-signed-rank" else math.nan,
+           "reachable": ok, "blocks_needed": need, "message": ""}
+    if not ok:
+        row["message"] = _message(design, row, alpha)
+    return row
+
+
+def _message(design: TestDesign, row: dict, alpha: float) -> str:
+    unit = BLOCKS.get(design.test, "task orders")
+    if design.test == "bayes-signed-rank":
+        got = f"P <= {row['max_prob']:.3f} < {bayes.CREDIBLE}"
+    else:
+        got = f"p >= {row['min_p']:.3g}, never below alpha = {alpha:g}"
+    need = ("cannot decide at any size" if math.isnan(row["blocks_needed"])
+            else f"needs >= {int(row['blocks_needed'])} {unit}")
+    return f"{WHAT[design.test]}: {design.n_blocks} {unit} give {got}; {need}"
+
+
+def design_tests(n_orders: int, n_methods: int, n_regimes: int) -> list[TestDesign]:
+    """The tests the leaderboard shows for one dataset of a design (seeds averaged per order)."""
+    pairs = n_methods * (n_methods - 1) // 2
+    return [TestDesign("bayes-signed-rank", n_orders, 2),
+            TestDesign("wilcoxon-holm", n_orders, 2, pairs),
+            TestDesign("friedman", n_orders, n_methods),
+            TestDesign("nemenyi", n_orders, n_methods, pairs),
+            TestDesign("kendall-tau", n_methods, n_methods),
+            TestDesign("kendall-w", n_regimes, n_methods)]
+
+
+def design_power(n_orders: int, n_methods: int, n_regimes: int, rope: float,
+                 alpha: float = ALPHA) -> list[dict]:
+    """Power rows for a planned design (what `cl-bench run --dry-run` prints before any run)."""
+    return [power_row(d, rope, alpha) for d in design_tests(n_orders, n_methods, n_regimes)]
+
+
+def observed_power(cells, skip: dict, rope: float, alpha: float = ALPHA) -> "pd.DataFrame":
+    """The design-power table of the data at hand: the blocks each shown test really has.
+
+    Per (dataset, regime): the pairwise and Friedman-family tests over the complete methods'
+    task orders; per dataset (regime `(all)`): tau and W across its non-degenerate regimes;
+    per regime pooled over datasets (dataset `(all)`): the pooled Bayesian test.
+    """
+    import pandas as pd
+
+    from harness.analysis.coverage import complete
+    from harness.analysis.decisions import ALL
+
+    rows = []
+    for ds in cells.datasets:
+        regs = [r for r in cells.regimes(ds) if r not in skip.get(ds, {})]
+        for rg in cells.regimes(ds):
+            keep, _ = complete(cells.mat(ds, rg))
+            n = len(cells.orders(ds, rg, keep)) if keep else 0
+            for d in design_tests(n, len(keep), len(regs))[:4]:
+                rows.append({"dataset": ds, "regime": rg, **power_row(d, rope, alpha)})
+        keep, _ = cells.complete_across(ds, regs)
+        for d in design_tests(0, len(keep), len(regs))[4:]:
+            rows.append({"dataset": ds, "regime": ALL, **power_row(d, rope, alpha)})
+    for rg in cells.regime_order:
+        dss = [ds for ds in cells.datasets if rg in cells.regimes(ds)]
+        if len(dss) >= 2:
+            n = sum(len(cells.orders(ds, rg, complete(cells.mat(ds, rg))[0])) for ds in dss)
+            rows.append({"dataset": ALL, "regime": rg, **power_row(TestDesign("bayes-signed-rank", n, 2), rope, alpha)})
+    cols = ["dataset", "regime", "test", "n_blocks", "n_items", "n_comparisons", "min_p", "max_prob",
+            "alpha", "threshold", "reachable", "blocks_needed", "message"]
+    return pd.DataFrame(rows, columns=cols)
