@@ -14,9 +14,9 @@ from ..config.vocabulary import METRICS, WARNINGS, regime_sort_key
 # included); it is the one place that policy is decided, every unit matrix reads it.
 COLUMNS = ("run_id", "status", "error", "protocol", "protocol_version", "dataset",
            "regime", "regime_depth", "n_blocks", "method", "method_name", "order", "seed",
-           *METRICS, "mean_update_norm", "drift", "trainable_params", "total_params",
-           "total_s", "is_submission", "optimizer_steps", "samples_seen", "n_warnings",
-           "warning_codes", "flagged", "ranked")
+           *METRICS, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware",
+           "trainable_params", "total_params", "total_s", "is_submission", "optimizer_steps",
+           "samples_seen", "n_warnings", "warning_codes", "flagged", "ranked")
 FLAG = "⚑"  # marks cells with flagged runs, in the terminal summary and on the site
 
 
@@ -54,6 +54,9 @@ def _row(rec: RunRecord) -> dict:
         **{m: _num(metrics.get(m)) for m in METRICS},
         "mean_update_norm": _mean_norm(norms.get("shared")),
         "drift": _num(norms.get("drift")),
+        # class-IL runs only: their task-aware (masked) ACC and forgetting; NaN in task-IL
+        "acc_task_aware": _num((rec.metrics_task_aware or {}).get("acc")),
+        "forgetting_task_aware": _num((rec.metrics_task_aware or {}).get("forgetting")),
         "trainable_params": _num(params.get("trainable")),
         "total_params": _num(params.get("total")),
         "total_s": _num((rec.timings or {}).get("total_s")),

@@ -9,7 +9,9 @@ from dataclasses import asdict, dataclass, field
 # RunSpec.data_fingerprint); records of schema 1 are foreign to this harness, never re-keyed.
 # 3: records carry their training budget, learning checks and warnings; the schema version
 # enters the run id, so a record of another schema never shares a file name with a new one.
-SCHEMA_VERSION = 3
+# 4: class-IL records also carry the task-aware (masked) accuracy matrix, its initial row and its
+# metrics (acc_matrix_task_aware, init_acc_task_aware, metrics_task_aware; None in task-IL).
+SCHEMA_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,10 @@ class RunRecord:
     checks: what the learning checks measured (chance level, linear-probe accuracy and first/last
             training loss per task; see run/checks.py); warnings: [{"code", "task", "message"}],
             one per failed check; a record with warnings is *flagged*.
+    acc_matrix_task_aware, init_acc_task_aware, metrics_task_aware (class-IL only, None in task-IL,
+            whose acc_matrix is task-aware already): the same model and test sets, the prediction
+            the argmax over task j's own classes (task id given at test time); shaped like
+            acc_matrix, init_acc and metrics, the metrics computed from this matrix and row.
     """
 
     run_id: str
@@ -170,6 +176,9 @@ class RunRecord:
     budget: dict = field(default_factory=dict)
     checks: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
+    acc_matrix_task_aware: list | None = None
+    init_acc_task_aware: list | None = None
+    metrics_task_aware: dict | None = None
 
     def to_dict(self) -> dict:
         """Plain-JSON form."""
@@ -210,6 +219,13 @@ def failed_record(spec: RunSpec, error: str, status: str = "failed", provenance:
                   **measured) -> RunRecord:
     """The record of a run that did not finish: whatever was measured (`measured`), else nothing."""
     empty = dict(acc_matrix=[], init_acc=[], metrics={}, update_norms={}, diagnostics={}, params={},
-                 regime_depth=None, n_blocks=None, timings={})
+                 regime_depth=None, n_blocks=None, timings={}, **_no_task_aware(spec.scenario))
     return RunRecord(run_id=spec.run_id, status=status, error=error, spec=spec,
                      provenance=provenance or {}, **{**empty, **measured})
+
+
+def _no_task_aware(scenario: str) -> dict:
+    """The task-aware fields of a record that measured nothing: empty in class-IL, None in task-IL."""
+    if scenario == "task-il":
+        return dict(acc_matrix_task_aware=None, init_acc_task_aware=None, metrics_task_aware=None)
+    return dict(acc_matrix_task_aware=[], init_acc_task_aware=[], metrics_task_aware={})

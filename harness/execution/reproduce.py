@@ -18,8 +18,8 @@ from .plan import SweepError
 from .store import discover_protocol_dirs, read_record, write_record
 
 # What a rerun must reproduce; timings and provenance (host, time) may differ.
-COMPARED = ("status", "acc_matrix", "init_acc", "metrics", "update_norms", "diagnostics", "params",
-            "regime_depth", "n_blocks")
+COMPARED = ("status", "acc_matrix", "init_acc", "metrics", "acc_matrix_task_aware", "init_acc_task_aware",
+            "metrics_task_aware", "update_norms", "diagnostics", "params", "regime_depth", "n_blocks")
 METRIC_TOLERANCE = 1e-6
 _RUN_ID = re.compile(r"^[0-9a-f]{12}$")
 
@@ -132,14 +132,20 @@ def compare(record: RunRecord, rerun: RunRecord) -> tuple[str, tuple[str, ...], 
 
 
 def _max_delta(a: RunRecord, b: RunRecord) -> float:
-    """Largest |difference| over the metrics and the accuracy matrices (inf where shapes differ)."""
-    if set(a.metrics) != set(b.metrics) or len(a.acc_matrix) != len(b.acc_matrix):
-        return float("inf")
-    pairs = [(a.metrics[k], b.metrics[k]) for k in a.metrics]
-    for ra, rb in zip(a.acc_matrix, b.acc_matrix):
-        if len(ra) != len(rb):
+    """Largest |difference| over the metrics and the accuracy matrices, class-IL and task-aware
+    (inf where shapes differ)."""
+    views = [(a.metrics, b.metrics, a.acc_matrix, b.acc_matrix),
+             (a.metrics_task_aware or {}, b.metrics_task_aware or {},
+              a.acc_matrix_task_aware or [], b.acc_matrix_task_aware or [])]
+    pairs = []
+    for ma, mb, Ra, Rb in views:
+        if set(ma) != set(mb) or len(Ra) != len(Rb):
             return float("inf")
-        pairs += list(zip(ra, rb))
+        pairs += [(ma[k], mb[k]) for k in ma]
+        for ra, rb in zip(Ra, Rb):
+            if len(ra) != len(rb):
+                return float("inf")
+            pairs += list(zip(ra, rb))
     return max((abs(x - y) for x, y in pairs), default=0.0)
 
 

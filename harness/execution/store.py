@@ -94,7 +94,9 @@ def validate_record(data, expected_run_id: str | None = None, protocol: str | No
 FIELD_TYPES = {"run_id": str, "error": (str, type(None)), "acc_matrix": list, "init_acc": list, "metrics": dict,
                "update_norms": dict, "diagnostics": dict, "params": dict, "regime_depth": (int, type(None)),
                "n_blocks": (int, type(None)), "timings": dict, "provenance": dict, "budget": dict,
-               "checks": dict, "warnings": list}
+               "checks": dict, "warnings": list, "acc_matrix_task_aware": (list, type(None)),
+               "init_acc_task_aware": (list, type(None)), "metrics_task_aware": (dict, type(None))}
+TASK_AWARE = ("acc_matrix_task_aware", "init_acc_task_aware", "metrics_task_aware")
 SERIES = ("shared", "relative", "step_forgetting")
 
 
@@ -135,21 +137,57 @@ def content_problem(record: RunRecord) -> Problem | None:
     if not record.ok:
         if record.metrics:
             return Problem("corrupt", f"a {record.status} record with metrics")
-        return None if _matrix_shape_ok(R, T, partial=True) else Problem("corrupt", "its accuracy matrix is malformed")
+        if not _matrix_shape_ok(R, T, partial=True):
+            return Problem("corrupt", "its accuracy matrix is malformed")
+        return _task_aware_problem(record)
     if not (_matrix_shape_ok(R, T) and _accuracies(b, T)):
         return Problem("corrupt", f"its accuracy matrix is not {T}x{T} accuracies in [0, 1] with {T} initial ones")
-    expected = all_metrics(R, b)
-    if set(record.metrics) != set(expected):
-        return Problem("corrupt", f"its metrics {sorted(record.metrics)} are not {sorted(expected)}")
-    for name, value in expected.items():
-        got = record.metrics[name]
-        if not isinstance(got, (int, float)) or isinstance(got, bool) or abs(got - value) > METRIC_TOLERANCE:
-            return Problem("corrupt", f"its metrics do not follow from its accuracy matrix ({name} {got!r} "
-                                      f"recorded, {value:.6g} computed): edited or corrupt")
+    problem = _metrics_problem(record.metrics, all_metrics(R, b), "metrics", "accuracy matrix") \
+        or _task_aware_problem(record)
+    if problem:
+        return problem
     steps = (record.update_norms or {}).get("step_forgetting")
     if steps is not None and not _same_series(steps, step_forgetting(np.asarray(R, dtype=float))):
         return Problem("corrupt", "its step forgetting does not follow from its accuracy matrix")
     return _warnings_problem(record)
+
+
+def _metrics_problem(got: dict, expected: dict, name: str, source: str) -> Problem | None:
+    """The recorded metric dict `got` must be `expected` (computed from its `source`) to METRIC_TOLERANCE."""
+    if set(got) != set(expected):
+        return Problem("corrupt", f"its {name} {sorted(got)} are not {sorted(expected)}")
+    for metric, value in expected.items():
+        v = got[metric]
+        if not _number(v) or abs(v - value) > METRIC_TOLERANCE:
+            return Problem("corrupt", f"its {name} do not follow from its {source} ({metric} {v!r} "
+                                      f"recorded, {value:.6g} computed): edited or corrupt")
+    return None
+
+
+def _task_aware_problem(record: RunRecord) -> Problem | None:
+    """Task-IL: no task-aware fields. Class-IL: a matrix shaped like acc_matrix, never below it, and its metrics."""
+    values = [getattr(record, k) for k in TASK_AWARE]
+    if record.spec.scenario == "task-il":
+        return None if all(v is None for v in values) else Problem(
+            "corrupt", "a task-IL record with task-aware fields (its acc_matrix is the task-aware one)")
+    R, b, metrics = values
+    if any(v is None for v in values):
+        return Problem("corrupt", f"a class-IL record without its task-aware fields ({', '.join(TASK_AWARE)})")
+    T = record.spec.dataset.n_tasks
+    if not record.ok:
+        if metrics:
+            return Problem("corrupt", f"a {record.status} record with task-aware metrics")
+        # As for acc_matrix: a partial matrix, row for row with it (both come from one evaluation).
+        if _matrix_shape_ok(R, T, partial=True) and len(R) == len(record.acc_matrix):
+            return None
+        return Problem("corrupt", "its task-aware accuracy matrix is malformed")
+    if not (_matrix_shape_ok(R, T) and _accuracies(b, T)):
+        return Problem("corrupt", f"its acc_matrix_task_aware is not {T}x{T} accuracies in [0, 1] with {T} "
+                                  "initial ones (init_acc_task_aware)")
+    # Masking to the task's classes keeps every correct full-argmax prediction correct (same logits).
+    if any(m < c for rm, rc in zip([b, *R], [record.init_acc, *record.acc_matrix]) for m, c in zip(rm, rc)):
+        return Problem("corrupt", "its task-aware accuracies are below its class-IL ones somewhere: edited or corrupt")
+    return _metrics_problem(metrics, all_metrics(R, b), "task-aware metrics", "task-aware accuracy matrix")
 
 
 def _warnings_problem(record: RunRecord) -> Problem | None:

@@ -18,7 +18,7 @@ from ..methods import contract
 from ..methods.contract import MethodContext, make_optimizer
 from ..methods.registry import get_registry
 from .datasets import dataset_fingerprint, load_dataset
-from .evaluation import evaluate_tasks, task_accuracy
+from .evaluation import evaluate_class_il, task_accuracy
 from .metrics import all_metrics, step_forgetting
 from .models import build_model, shared_named_parameters, trainable_block_names
 from .checks import head_outputs, loss_windows, run_warnings
@@ -45,6 +45,8 @@ class _Progress:
 
     rows: list = field(default_factory=list)
     init_acc: list = field(default_factory=list)
+    rows_task_aware: list = field(default_factory=list)  # class-IL only: argmax over the task's classes
+    init_task_aware: list = field(default_factory=list)
     snapshots: list = field(default_factory=list)
     per_task_s: list = field(default_factory=list)
     eval_s: float = 0.0
@@ -110,8 +112,8 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     harness_plugin = progress.plugin = HarnessPlugin()
     progress.n_test = [len(t.y_test) for t in tasks]
     strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks, progress)
-    evaluate = eval_function()
-    progress.init_acc = _timed_eval(model, tasks, spec, device, progress, evaluate)
+    evaluate = _evaluator(spec)
+    progress.init_acc, progress.init_task_aware = _timed_eval(model, tasks, spec, device, progress, evaluate)
     for t, experience in enumerate(to_avalanche(tasks).train_stream):
         t0 = time.perf_counter()
         apply_regime(strategy.model, first_regime if t == 0 else spec.regime)
@@ -125,7 +127,9 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
                                "with **ctx.strategy_kwargs() or pass plugins=list(ctx.plugins)")
         evaluated = contract.evaluated_model(strategy)
         progress.per_task_s.append(time.perf_counter() - t0)
-        progress.rows.append(_timed_eval(evaluated, tasks, spec, device, progress, evaluate))
+        row, row_task_aware = _timed_eval(evaluated, tasks, spec, device, progress, evaluate)
+        progress.rows.append(row)
+        progress.rows_task_aware.append(row_task_aware)
         progress.probe_acc.append(_timed_probe(evaluated, tasks[t], spec, device, progress))
         progress.snapshots.append(snapshot(shared_named_parameters(evaluated)))
         progress.diagnostics.update(contract.collect_diagnostics(strategy))
@@ -224,7 +228,18 @@ def _accuracy_function(device, batch_size: int):
     return accuracy
 
 
-def _timed_eval(model, tasks, spec, device, progress, evaluate=evaluate_tasks) -> list:
+def _evaluator(spec: RunSpec):
+    """evaluate(model, tasks, batch_size, device) -> (row, task-aware row; None in task-IL)."""
+    if spec.scenario == "task-il":  # one head per task: the row already is task-aware
+        plain = eval_function()
+        return lambda model, tasks, batch_size, device: (plain(model, tasks, batch_size, device), None)
+    # Both class-IL rows come from the same logits; the test-set prefix cache (EvalCache) only
+    # counts the unmasked argmax, so class-IL evaluates uncached rather than run the model twice.
+    cpt = spec.dataset.classes_per_task
+    return lambda model, tasks, batch_size, device: evaluate_class_il(model, tasks, batch_size, device, cpt)
+
+
+def _timed_eval(model, tasks, spec, device, progress, evaluate) -> tuple:
     t0 = time.perf_counter()
     accs = evaluate(model, tasks, spec.eval_batch_size, device)
     progress.eval_s += time.perf_counter() - t0
@@ -279,11 +294,21 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
         regime_depth=regime_depth(spec.regime, n_blocks) if n_blocks is not None else None,
         timings={"total_s": total_s, "train_s": float(sum(progress.per_task_s)), "eval_s": progress.eval_s,
                  "per_task_s": progress.per_task_s})
+    measured.update(_task_aware(spec, progress, status == "ok"))
     prov = _provenance(device, submission, progress.method)
     if status != "ok":
         return failed_record(spec, error, status, prov, **measured)
     return RunRecord(run_id=spec.run_id, status=status, error=error, spec=spec,
                      metrics=all_metrics(rows, progress.init_acc), provenance=prov, **measured)
+
+
+def _task_aware(spec: RunSpec, progress: _Progress, ok: bool) -> dict:
+    """A class-IL run's task-aware matrix, initial row and metrics; None in task-IL (its matrix is one)."""
+    if spec.scenario == "task-il":
+        return dict(acc_matrix_task_aware=None, init_acc_task_aware=None, metrics_task_aware=None)
+    R, b = progress.rows_task_aware, progress.init_task_aware
+    return dict(acc_matrix_task_aware=R, init_acc_task_aware=b,
+                metrics_task_aware=all_metrics(R, b) if ok else {})
 
 
 def _provenance(device, submission: dict | None, method: dict) -> dict:

@@ -4,6 +4,25 @@ from __future__ import annotations
 import torch
 
 
+def _batch_logits(model, x: torch.Tensor, y: torch.Tensor, task: int, batch_size: int, device):
+    """(logits, labels) per evaluation batch: the one forward pass every accuracy is counted from."""
+    for start in range(0, len(y), batch_size):
+        xb = x[start:start + batch_size].to(device, non_blocking=True)
+        yb = y[start:start + batch_size].to(device, non_blocking=True)
+        yield model(xb, task), yb
+
+
+def masked_correct(logits: torch.Tensor, y: torch.Tensor, columns: tuple[int, int]) -> int:
+    """Correct predictions when the argmax runs over logit columns [lo, hi) only (labels stay global)."""
+    lo, hi = columns
+    return int((logits[:, lo:hi].argmax(dim=1) + lo == y).sum())
+
+
+def task_columns(task_index: int, classes_per_task: int) -> tuple[int, int]:
+    """The single head's logit columns of a class-IL task (streams.split_tasks offsets labels by t * cpt)."""
+    return task_index * classes_per_task, (task_index + 1) * classes_per_task
+
+
 @torch.no_grad()
 def task_accuracy(model, x: torch.Tensor, y: torch.Tensor, task: int, batch_size: int,
                   device: torch.device) -> float:
@@ -11,11 +30,22 @@ def task_accuracy(model, x: torch.Tensor, y: torch.Tensor, task: int, batch_size
     if len(y) == 0:
         return float("nan")
     correct = 0
-    for start in range(0, len(y), batch_size):
-        xb = x[start:start + batch_size].to(device, non_blocking=True)
-        yb = y[start:start + batch_size].to(device, non_blocking=True)
-        correct += int((model(xb, task).argmax(dim=1) == yb).sum())
+    for logits, yb in _batch_logits(model, x, y, task, batch_size, device):
+        correct += int((logits.argmax(dim=1) == yb).sum())
     return correct / len(y)
+
+
+@torch.no_grad()
+def class_il_accuracies(model, x: torch.Tensor, y: torch.Tensor, task: int, columns: tuple[int, int],
+                        batch_size: int, device: torch.device) -> tuple[float, float]:
+    """(class-IL, task-aware) accuracy on (x, y): full argmax and argmax over `columns`, same logits."""
+    if len(y) == 0:
+        return float("nan"), float("nan")
+    correct = masked = 0
+    for logits, yb in _batch_logits(model, x, y, task, batch_size, device):
+        correct += int((logits.argmax(dim=1) == yb).sum())
+        masked += masked_correct(logits, yb, columns)
+    return correct / len(y), masked / len(y)
 
 
 def evaluate_tasks(model, tasks, batch_size: int, device: torch.device) -> list:
@@ -26,3 +56,16 @@ def evaluate_tasks(model, tasks, batch_size: int, device: torch.device) -> list:
         return [task_accuracy(model, t.x_test, t.y_test, t.index, batch_size, device) for t in tasks]
     finally:
         model.train(was_training)
+
+
+def evaluate_class_il(model, tasks, batch_size: int, device: torch.device,
+                      classes_per_task: int) -> tuple[list, list]:
+    """(class-IL row, task-aware row) over every task's test set, one forward pass per batch, in eval mode."""
+    was_training = model.training
+    model.eval()
+    try:
+        pairs = [class_il_accuracies(model, t.x_test, t.y_test, t.index, task_columns(t.index, classes_per_task),
+                                     batch_size, device) for t in tasks]
+    finally:
+        model.train(was_training)
+    return [p[0] for p in pairs], [p[1] for p in pairs]
