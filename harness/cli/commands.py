@@ -5,8 +5,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from .requests import (CheckRequest, ExportRequest, LeaderboardRequest, ListRequest, ReproduceRequest,
-                       SubmitRequest, SweepRequest)
+from .requests import (CheckRequest, ExportRequest, FiguresRequest, LeaderboardRequest, ListRequest,
+                       ReportRequest, ReproduceRequest, SubmitRequest, SweepRequest)
 
 
 def _load(req: SweepRequest):
@@ -65,7 +65,7 @@ def _sweep_and_report(req: SweepRequest, protocol, plan, options, of: str = ""):
     if req.leaderboard:
         # the summary above has said what the view leaves out
         build_leaderboard(req.results, protocol.name, version=protocol.version, grid=grid, log=lambda _: None,
-                          include_flagged=req.include_flagged)
+                          include_flagged=req.include_flagged, rope=req.rope)
     return result
 
 
@@ -163,7 +163,7 @@ def print_summary(results, protocol_name: str, version: str | None = None, grid=
 
 
 def build_leaderboard(results, protocol_name: str, out: str | None = None, version: str | None = None,
-                      grid=None, log=print, include_flagged: bool = False) -> Path | None:
+                      grid=None, log=print, include_flagged: bool = False, rope: float = 1.0) -> Path | None:
     """Build the static site for one protocol version's records; prints and returns index.html's path."""
     from ..execution.store import load_records, protocol_dir
     from ..execution.views import view_records
@@ -175,7 +175,7 @@ def build_leaderboard(results, protocol_name: str, out: str | None = None, versi
         print(f"leaderboard: no records under {protocol_dir(results, protocol_name)}")
         return None
     target = Path(out) if out else protocol_dir(results, protocol_name) / "site"
-    index = build_site(records, target, results_dir=str(results), include_flagged=include_flagged)
+    index = build_site(records, target, results_dir=str(results), include_flagged=include_flagged, rope=rope)
     print(f"leaderboard: {Path(index).resolve()}")
     return Path(index)
 
@@ -197,7 +197,7 @@ def leaderboard_command(req: LeaderboardRequest) -> int:
         raise SweepError(f"--protocol: no records of protocol {req.protocol!r} under {req.results} "
                          f"(expected {runs_dir(req.results, req.protocol)}/*.json)")
     built = [build_leaderboard(req.results, n, req.out, version=req.protocol_version,
-                               include_flagged=req.include_flagged) for n in names]
+                               include_flagged=req.include_flagged, rope=req.rope) for n in names]
     return 0 if all(built) else 1
 
 
@@ -218,7 +218,7 @@ def leaderboard_from_mlflow(req: LeaderboardRequest) -> int:
                          "holds no cl-bench records")
     records = view_records(found, req.protocol_version)
     target = Path(req.out) if req.out else Path(req.results) / f"mlflow-{experiment}" / "site"
-    index = build_site(records, target, include_flagged=req.include_flagged)
+    index = build_site(records, target, include_flagged=req.include_flagged, rope=req.rope)
     print(f"leaderboard: {len(records)} records from MLflow experiment {experiment!r}: {Path(index).resolve()}")
     return 0
 
@@ -238,6 +238,61 @@ def export_command(req: ExportRequest) -> int:
     out = Path(req.out) if req.out else folder / f"records.{req.format}"
     path = export_table(records, req.format, out)
     print(f"export: {len(records)} records -> {path}")
+    return 0
+
+
+def paper_records(results, protocol: str | None, version: str | None, log=print) -> list:
+    """The records of one protocol version under --results, checked as `export` checks them."""
+    from ..execution.plan import SweepError
+    from ..execution.store import load_records
+    from ..execution.views import view_records
+
+    records = load_records(results, protocol, log=log)
+    if not records:
+        where = Path(results) / (protocol or "<protocol>") / "runs"
+        raise SweepError(f"--results: no records found under {where}")
+    names = sorted({r.spec.protocol for r in records})
+    if len(names) > 1:  # a paper table compares cells of one protocol, never two protocols' settings
+        raise SweepError(f"--protocol: {len(names)} protocols found under {results} ({', '.join(names)}); "
+                         "add --protocol NAME")
+    return view_records(records, version, log=log)
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def report_command(req: ReportRequest) -> int:
+    """`cl-bench report`: the paper tables (LaTeX or Markdown) of one protocol version, to --out or stdout."""
+    from ..analysis.tables import analyse
+    from ..config.text import terminal_safe
+    from ..outputs.report import report_latex, report_markdown
+
+    # With the report on stdout, notes go to stderr: `cl-bench report ... > t.md` keeps the table clean.
+    records = paper_records(req.results, req.protocol, req.protocol_version, log=print if req.out else _to_stderr)
+    tables = analyse(records, include_flagged=req.include_flagged, rope=req.rope)
+    text = (report_latex if req.format == "latex" else report_markdown)(tables, metric=req.metric)
+    if not req.out:
+        sys.stdout.write(text)
+        return 0
+    out = Path(req.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(terminal_safe(f"report: {len(records)} records -> {out}"))
+    return 0
+
+
+def figures_command(req: FiguresRequest) -> int:
+    """`cl-bench figures`: the paper figures (PDF/PNG per dataset) of one protocol version; one line per file."""
+    from ..analysis.tables import analyse
+    from ..config.text import terminal_safe
+    from ..outputs.figures import write_figures
+
+    records = paper_records(req.results, req.protocol, req.protocol_version)
+    tables = analyse(records, include_flagged=req.include_flagged)
+    written = write_figures(tables, req.out, req.formats, log=lambda path: print(terminal_safe(f"figures: {path}")))
+    if not written:
+        print("figures: nothing to draw (no ok runs)")
     return 0
 
 
@@ -367,4 +422,4 @@ def reproduce_run(req: ReproduceRequest) -> int:
 
 COMMANDS = {"run": run_command, "list": list_command, "leaderboard": leaderboard_command,
             "export": export_command, "check": check_command, "submit": submit_command,
-            "reproduce": reproduce_run}
+            "reproduce": reproduce_run, "report": report_command, "figures": figures_command}

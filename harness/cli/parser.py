@@ -9,6 +9,7 @@ import math
 
 from ..config.errors import UserError
 from ..config.paths import DATA_ENV
+from ..config.vocabulary import METRICS
 
 RUN_EXAMPLES = """examples:
   cl-bench run --protocol depth-sweep-mini                  # the embedded demo sweep
@@ -33,6 +34,16 @@ LEADERBOARD_EXAMPLES = """examples:
   cl-bench leaderboard --results results/ --protocol depth-sweep-mini --out site/
   cl-bench leaderboard --results results/ --include-flagged   # rank runs with learning-check warnings too
   cl-bench leaderboard --from-mlflow http://mlflow.team:5000 --experiment depth-sweep --out site/
+  cl-bench leaderboard --results results/ --rope 0.5          # practical equivalence: within 0.5 ACC points
+"""
+REPORT_EXAMPLES = """examples:
+  cl-bench report --results results/ --format markdown                  # to stdout
+  cl-bench report --results results/ --protocol depth-sweep --format latex --out tables.tex
+  cl-bench report --results results/ --format latex --metric aia --rope 0.5 --include-flagged
+"""
+FIGURES_EXAMPLES = """examples:
+  cl-bench figures --results results/ --out figures/                    # PDF and PNG
+  cl-bench figures --results results/ --protocol depth-sweep --out figures/ --format pdf
 """
 
 
@@ -48,6 +59,10 @@ SUBMIT_EXAMPLES = """examples:
 
 
 
+ROPE_HELP = ("region of practical equivalence of the Bayesian method comparison, in ACC points "
+             "(a finite number >= 0; default 1.0)")
+REPORT_FORMATS = ("latex", "markdown")
+FIGURE_FORMATS = ("pdf", "png")
 INCLUDE_FLAGGED_HELP = ("rank flagged runs too (records with learning-check warnings; "
                         "default: left out of rankings)")
 
@@ -93,6 +108,25 @@ def _non_negative(kind, positive: bool = False):
     return parse
 
 
+def _rope(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0 of ACC points, got {value!r}")
+    return number
+
+
+def _figure_formats(value: str) -> tuple:
+    items = tuple(dict.fromkeys(v.strip().lower() for v in value.split(",") if v.strip()))
+    bad = [v for v in items if v not in FIGURE_FORMATS]
+    if not items or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(FIGURE_FORMATS)}, "
+                                         f"got {value!r}")
+    return items
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (exposed for tests and docs)."""
     fmt = argparse.RawDescriptionHelpFormatter
@@ -104,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_list(sub, fmt)
     _add_leaderboard(sub, fmt)
     _add_export(sub, fmt)
+    _add_report(sub, fmt)
+    _add_figures(sub, fmt)
     _add_check(sub, fmt)
     _add_submit(sub, fmt)
     _add_reproduce(sub, fmt)
@@ -159,6 +195,7 @@ def _add_run(sub, fmt) -> None:
     run.add_argument("--method", action="append", default=[], metavar="FILE",
                      help="register the adapter in FILE for this run (repeatable)")
     run.add_argument("--include-flagged", action="store_true", help=INCLUDE_FLAGGED_HELP)
+    run.add_argument("--rope", type=_rope, default=1.0, metavar="POINTS", help=ROPE_HELP)
 
 
 def _add_list(sub, fmt) -> None:
@@ -182,6 +219,7 @@ def _add_leaderboard(sub, fmt) -> None:
     lb.add_argument("--protocol-version", metavar="VERSION",
                     help="the protocol version to show (default: the newest with records); a board shows one")
     lb.add_argument("--include-flagged", action="store_true", help=INCLUDE_FLAGGED_HELP)
+    lb.add_argument("--rope", type=_rope, default=1.0, metavar="POINTS", help=ROPE_HELP)
 
 
 def _add_export(sub, fmt) -> None:
@@ -193,6 +231,40 @@ def _add_export(sub, fmt) -> None:
     exp.add_argument("--out", help="output file (default: <results>/records.<format>)")
     exp.add_argument("--protocol-version", metavar="VERSION",
                      help="the protocol version to export (default: the newest with records, per protocol)")
+
+
+def _add_records_source(cmd) -> None:
+    """--results, --protocol and --protocol-version: which records a paper output is made of."""
+    cmd.add_argument("--results", default="results", help="results folder (default: results/)")
+    cmd.add_argument("--protocol", help="protocol name inside the results folder (needed when it holds several)")
+    cmd.add_argument("--protocol-version", metavar="VERSION",
+                     help="the protocol version to use (default: the newest with records)")
+    cmd.add_argument("--include-flagged", action="store_true", help=INCLUDE_FLAGGED_HELP)
+
+
+def _add_report(sub, fmt) -> None:
+    rep = sub.add_parser("report", help="paper tables (LaTeX or Markdown): mean ± 95%% CI per method x regime",
+                         epilog=REPORT_EXAMPLES, formatter_class=fmt,
+                         description="Per dataset, a method x regime table of the metric (mean ± half-width of "
+                                     "the 95% bootstrap CI over task orders, in %), then one of forgetting; best "
+                                     "mean per regime in bold, flagged cells and credible wins marked.")
+    _add_records_source(rep)
+    rep.add_argument("--format", required=True, choices=REPORT_FORMATS, help="latex (booktabs) or markdown (GitHub)")
+    rep.add_argument("--out", metavar="FILE", help="write the report to FILE (default: standard output)")
+    rep.add_argument("--metric", choices=METRICS, default="acc", help="metric of the first table (default: acc)")
+    rep.add_argument("--rope", type=_rope, default=1.0, metavar="POINTS", help=ROPE_HELP)
+
+
+def _add_figures(sub, fmt) -> None:
+    fig = sub.add_parser("figures", help="paper figures (PDF/PNG) per dataset: ranks, tau, norms, curves, ACC",
+                         epilog=FIGURES_EXAMPLES, formatter_class=fmt,
+                         description="Per dataset: mean rank per regime, Kendall tau between regimes, update norm "
+                                     "vs forgetting, accuracy curves (when the analysis has them) and ACC / "
+                                     "forgetting with CIs; the same records give byte-identical files.")
+    _add_records_source(fig)
+    fig.add_argument("--out", required=True, metavar="DIR", help="folder for the figure files")
+    fig.add_argument("--format", type=_figure_formats, default=FIGURE_FORMATS, metavar="FORMATS",
+                     help="comma-separated: pdf, png (default: pdf,png)")
 
 
 def _add_check(sub, fmt) -> None:

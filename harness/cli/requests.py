@@ -40,6 +40,7 @@ class SweepRequest:
     max_retries: int = 1
     run_timeout: float | None = None
     include_flagged: bool = False  # rank flagged runs in the summary and the leaderboard
+    rope: float = 1.0  # ROPE of the leaderboard's Bayesian comparison, in ACC points
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class LeaderboardRequest:
     experiment: str | None = None
     protocol_version: str | None = None
     include_flagged: bool = False
+    rope: float = 1.0  # ACC points
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,32 @@ class ExportRequest:
     protocol: str | None = None
     format: str = "csv"
     out: str | None = None
+    protocol_version: str | None = None
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """Write the paper tables (LaTeX or Markdown) of a results folder."""
+
+    results: str = "results"
+    format: str = "markdown"
+    out: str | None = None  # None: standard output
+    metric: str = "acc"
+    rope: float = 1.0  # ACC points
+    include_flagged: bool = False
+    protocol: str | None = None
+    protocol_version: str | None = None
+
+
+@dataclass(frozen=True)
+class FiguresRequest:
+    """Write the paper figures (PDF/PNG) of a results folder."""
+
+    results: str = "results"
+    out: str = "figures"
+    formats: tuple = ("pdf", "png")
+    include_flagged: bool = False
+    protocol: str | None = None
     protocol_version: str | None = None
 
 
@@ -103,7 +131,7 @@ class ReproduceRequest:
 
 
 def _sweep(args: argparse.Namespace, method_files: tuple, methods=None, only=(),
-           include_flagged: bool = False) -> SweepRequest:
+           include_flagged: bool = False, rope: float = 1.0) -> SweepRequest:
     return SweepRequest(
         protocol=args.protocol, results=args.results, datasets=args.datasets, methods=methods,
         regimes=args.regimes, orders=args.orders, only=tuple(only or ()), method_files=method_files, jobs=args.jobs,
@@ -112,14 +140,14 @@ def _sweep(args: argparse.Namespace, method_files: tuple, methods=None, only=(),
         progress=not args.no_progress, leaderboard=not args.no_leaderboard, mlflow=not args.no_mlflow,
         tracking_uri=args.tracking_uri, experiment=args.experiment, ray_address=args.ray_address,
         num_cpus=args.num_cpus, num_gpus=args.num_gpus, max_retries=args.max_retries,
-        run_timeout=args.run_timeout, include_flagged=include_flagged)
+        run_timeout=args.run_timeout, include_flagged=include_flagged, rope=rope)
 
 
 def request_from_args(args: argparse.Namespace):
     """The typed request of a parsed command line."""
     if args.command == "run":
         return _sweep(args, tuple(args.method), methods=args.methods, only=args.only,
-                      include_flagged=args.include_flagged)
+                      include_flagged=args.include_flagged, rope=args.rope)
     if args.command == "submit":
         return SubmitRequest(file=args.file, sweep=_sweep(args, (args.file,)))
     if args.command == "check":
@@ -130,10 +158,18 @@ def request_from_args(args: argparse.Namespace):
         return LeaderboardRequest(results=args.results, protocol=args.protocol, out=args.out,
                                   from_mlflow=args.from_mlflow, experiment=args.experiment,
                                   protocol_version=args.protocol_version,
-                                  include_flagged=args.include_flagged)
+                                  include_flagged=args.include_flagged, rope=args.rope)
     if args.command == "export":
         return ExportRequest(results=args.results, protocol=args.protocol, format=args.format, out=args.out,
                              protocol_version=args.protocol_version)
+    if args.command == "report":
+        return ReportRequest(results=args.results, format=args.format, out=args.out, metric=args.metric,
+                             rope=args.rope, include_flagged=args.include_flagged, protocol=args.protocol,
+                             protocol_version=args.protocol_version)
+    if args.command == "figures":
+        return FiguresRequest(results=args.results, out=args.out, formats=tuple(args.format),
+                              include_flagged=args.include_flagged, protocol=args.protocol,
+                              protocol_version=args.protocol_version)
     if args.command == "reproduce":
         return ReproduceRequest(run_id=args.run_id, results=args.results, data_dir=args.data_dir,
                                 device=args.device, out=args.out)

@@ -1,0 +1,280 @@
+"""Paper figures from `analyse(records)`: per dataset, PDF/PNG files that are byte-identical for the same records.
+
+Figures: mean rank per regime (rank shifts), Kendall tau between regimes, update norm vs
+forgetting, accuracy curves over tasks (when the analysis provides tables["curves"]) and ACC /
+forgetting with CIs. Regimes run shallow to deep on every regime axis; legends sit outside the axes.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers and the same rasteriser everywhere; before any pyplot import
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from ..analysis.frame import percent_scale, regime_order  # noqa: E402
+from ..config.text import terminal_safe  # noqa: E402
+from .site import slug  # noqa: E402  (file names: readable prefix + hash, safe for any label)
+
+FORMATS = ("pdf", "png")
+# Fixed settings on top of matplotlib's defaults (a user's matplotlibrc must not change the files).
+RC = {"font.family": "DejaVu Sans", "font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8,
+      "legend.fontsize": 7, "xtick.labelsize": 7, "ytick.labelsize": 7, "figure.dpi": 100,
+      "savefig.dpi": 200, "pdf.fonttype": 42, "svg.hashsalt": "cl-bench", "axes.grid": True,
+      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False, "lines.linewidth": 1.2,
+      "lines.markersize": 4, "errorbar.capsize": 2, "image.cmap": "RdBu"}
+# No timestamp or version in the files: the same tables give the same bytes.
+METADATA = {"pdf": {"CreationDate": None}, "png": {"Software": None}}
+MARKERS = "osD^vP*Xph"
+PANEL_W, PANEL_H = 2.4, 2.2  # inches per panel
+LEGEND = {"loc": "outside right upper", "frameon": False}
+
+
+def write_figures(tables: dict, out_dir, formats=FORMATS, log=None) -> list[Path]:
+    """Write every figure of every dataset in each format to out_dir; returns the paths in write order."""
+    bad = [f for f in formats if f not in FORMATS]
+    if bad:
+        raise ValueError(f"figure format {bad[0]!r} is not one of {', '.join(FORMATS)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with matplotlib.rc_context():
+        matplotlib.rcdefaults()  # restored on leaving the context
+        matplotlib.rcParams.update(RC)
+        for ds in sorted(tables["methods"]["dataset"].unique()):
+            for kind, draw in FIGURES.items():
+                fig = draw(tables, ds)
+                if fig is not None:
+                    written += _save(fig, out / f"{slug(ds)}-{kind}", formats, log)
+    return written
+
+
+def _save(fig: Figure, stem: Path, formats, log) -> list[Path]:
+    paths = []
+    for fmt in formats:
+        path = stem.with_name(f"{stem.name}.{fmt}")
+        fig.savefig(path, format=fmt, metadata=METADATA[fmt])
+        paths.append(path)
+        if log:
+            log(path)
+    return paths
+
+
+def text(label) -> str:
+    """A label as literal matplotlib text: one line, '$' not read as mathtext."""
+    return terminal_safe(label).replace("$", r"\$")
+
+
+def _figure(n_panels: int = 1, rows: int = 1, sharex=False, sharey=False, extra_w: float = 1.3):
+    """A constrained-layout figure with a grid of panels and room on the right for the legend."""
+    cols = max(1, math.ceil(n_panels / rows))
+    fig = Figure(figsize=(PANEL_W * cols + extra_w, PANEL_H * rows), layout="constrained")
+    FigureCanvasAgg(fig)  # no pyplot: nothing global keeps the figure alive, and it can be drawn
+    axes = fig.subplots(rows, cols, sharex=sharex, sharey=sharey, squeeze=False)
+    return fig, list(axes.ravel())
+
+
+def _style(methods) -> dict:
+    """Method -> (colour, marker), by position in the sorted method list (stable across figures)."""
+    colours = matplotlib.colormaps["tab10" if len(methods) <= 10 else "tab20"].colors
+    return {m: (colours[i % len(colours)], MARKERS[i % len(MARKERS)]) for i, m in enumerate(sorted(methods))}
+
+
+def _regimes(tables: dict, present) -> list:
+    present = set(present)
+    return [r for r in regime_order(tables["runs"]) if r in present]
+
+
+def _methods_of(tables: dict, ds) -> pd.DataFrame:
+    m = tables["methods"]
+    return m[m["dataset"] == ds]
+
+
+def _regime_axis(ax, regimes) -> None:
+    ax.set_xticks(range(len(regimes)), [text(r) for r in regimes], rotation=30, ha="right")
+    ax.set_xlim(-0.5, len(regimes) - 0.5)
+    ax.set_xlabel("regime (shallow → deep)")
+
+
+def _dodge(i: int, k: int, width: float = 0.5) -> float:
+    """Horizontal offset of method i of k, so that whiskers at one regime do not overlap."""
+    return 0.0 if k == 1 else (i - (k - 1) / 2) * width / k
+
+
+# ------------------------------------------------------------------------- (a) rank shifts
+
+def rank_shift(tables: dict, ds) -> Figure | None:
+    """Mean rank (1 = best) per regime, one line per method, with bootstrap CI whiskers."""
+    sub = _methods_of(tables, ds).dropna(subset=["mean_rank"])
+    if sub.empty:
+        return None
+    regimes = _regimes(tables, sub["regime"])
+    pos = {r: i for i, r in enumerate(regimes)}
+    methods = sorted(sub["method"].unique())
+    style = _style(methods)
+    fig, (ax,) = _figure()
+    for i, m in enumerate(methods):
+        d = sub[sub["method"] == m].assign(x=lambda f: f["regime"].map(pos)).sort_values("x")
+        x = d["x"].to_numpy() + _dodge(i, len(methods), 0.3)
+        err = np.vstack([d["mean_rank"] - d["rank_lo"], d["rank_hi"] - d["mean_rank"]]).clip(min=0)
+        colour, marker = style[m]
+        ax.errorbar(x, d["mean_rank"], yerr=err, color=colour, marker=marker, label=text(m))
+    ax.set_ylim(len(methods) + 0.5, 0.5)  # rank 1 on top
+    ax.set_yticks(range(1, len(methods) + 1))
+    ax.set_ylabel("mean rank (1 = best)")
+    _regime_axis(ax, regimes)
+    fig.suptitle(f"{text(ds)}: mean rank per regime")
+    fig.legend(title="method", **LEGEND)
+    return fig
+
+
+# ------------------------------------------------------------------------- (b) Kendall tau
+
+def p_text(p) -> str:
+    """A p-value as printed in a cell: '<0.001' below 0.001, three decimals otherwise, 'n/a' if missing."""
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "n/a"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def tau_heatmap(tables: dict, ds) -> Figure | None:
+    """Kendall tau_b between the method rankings of every pair of regimes; tau, p and n in each cell."""
+    tau = tables.get("tau")
+    sub = tau[tau["dataset"] == ds] if tau is not None else pd.DataFrame()
+    regimes = _regimes(tables, sub["regime_a"]) if len(sub) else []
+    if len(regimes) < 2:
+        return None
+    pos = {r: i for i, r in enumerate(regimes)}
+    n = len(regimes)
+    grid = np.full((n, n), np.nan)
+    fig, (ax,) = _figure(extra_w=0.8)
+    fig.set_size_inches(max(3.2, 0.9 * n + 1.8), max(2.6, 0.8 * n + 1.2))
+    for r in sub.itertuples(index=False):
+        if r.regime_a in pos and r.regime_b in pos:
+            i, j = pos[r.regime_a], pos[r.regime_b]
+            grid[i, j] = r.tau
+            p = "" if i == j else f"\np={p_text(r.p)}"
+            label = "n/a" if math.isnan(r.tau) else f"τ={r.tau:.2f}"
+            ax.text(j, i, f"{label}{p}\nn={int(r.n_methods)}", ha="center", va="center", fontsize=6,
+                    color="white" if abs(np.nan_to_num(r.tau)) > 0.6 else "black")
+    image = ax.imshow(np.ma.masked_invalid(grid), vmin=-1, vmax=1, cmap="RdBu")
+    ax.set_xticks(range(n), [text(r) for r in regimes], rotation=30, ha="right")
+    ax.set_yticks(range(n), [text(r) for r in regimes])
+    ax.set_xlabel("regime")
+    ax.set_ylabel("regime")
+    ax.grid(False)
+    fig.colorbar(image, ax=ax, label="Kendall τ_b (n = methods ranked)")
+    fig.suptitle(f"{text(ds)}: rank agreement between regimes")
+    return fig
+
+
+# ------------------------------------------------------------------------- (c) norm vs forgetting
+
+def norm_forgetting(tables: dict, ds) -> Figure | None:
+    """Per regime, one point per ok run: mean update norm against forgetting, coloured by method."""
+    runs = tables["runs"]
+    sub = runs[(runs["dataset"] == ds) & (runs["status"] == "ok")].dropna(subset=["mean_update_norm", "forgetting"])
+    if sub.empty:
+        return None
+    scale = percent_scale(runs)
+    regimes = _regimes(tables, sub["regime"])
+    style = _style(sub["method"].unique())
+    fig, axes = _figure(len(regimes), sharey=True)
+    for ax, rg in zip(axes, regimes):
+        d = sub[sub["regime"] == rg]
+        for m in sorted(d["method"].unique()):
+            pts = d[d["method"] == m]
+            colour, marker = style[m]
+            ax.scatter(pts["mean_update_norm"], pts["forgetting"] * scale, color=colour, marker=marker, s=14)
+        ax.set_title(_corr_title(tables, ds, rg))
+        ax.set_xlabel("mean update norm per task")
+    axes[0].set_ylabel("forgetting (%)")
+    fig.suptitle(f"{text(ds)}: update norm vs forgetting (one point per run)")
+    _method_legend(fig, style)
+    return fig
+
+
+def _corr_title(tables: dict, ds, rg) -> str:
+    """The regime's name with its Spearman rho from tables["norm_forgetting"], when there."""
+    nf = tables.get("norm_forgetting")
+    row = nf[(nf["dataset"] == ds) & (nf["regime"] == rg)] if nf is not None and "rho" in nf else ()
+    rho = float(row["rho"].iloc[0]) if len(row) else math.nan
+    return text(rg) + ("" if math.isnan(rho) else f" (ρ={rho:.2f})")
+
+
+def _method_legend(fig: Figure, style: dict) -> None:
+    """One legend entry per method (not per panel), outside the panels."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=c, marker=mk, linestyle="none", label=text(m)) for m, (c, mk) in style.items()]
+    fig.legend(handles=handles, title="method", **LEGEND)
+
+
+# ------------------------------------------------------------------------- (d) accuracy curves
+
+def curves(tables: dict, ds) -> Figure | None:
+    """Mean accuracy after each task with CI bands, one line per method, one panel per regime."""
+    table = tables.get("curves")  # the analysis may not provide curves: no figure then
+    if table is None:
+        return None
+    sub = table[table["dataset"] == ds].dropna(subset=["acc"])
+    if sub.empty:
+        return None
+    scale = percent_scale(tables["runs"])
+    regimes = _regimes(tables, sub["regime"])
+    style = _style(sub["method"].unique())
+    fig, axes = _figure(len(regimes), sharey=True)
+    for ax, rg in zip(axes, regimes):
+        d = sub[sub["regime"] == rg]
+        for m in sorted(d["method"].unique()):
+            c = d[d["method"] == m].sort_values("task")
+            colour, marker = style[m]
+            ax.plot(c["task"], c["acc"] * scale, color=colour, marker=marker)
+            ax.fill_between(c["task"], c["acc_lo"] * scale, c["acc_hi"] * scale, color=colour, alpha=0.15,
+                            linewidth=0)
+        ax.set_title(text(rg))
+        ax.set_xlabel("after training task")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axes[0].set_ylabel("mean accuracy on tasks 1..t (%)")
+    fig.suptitle(f"{text(ds)}: accuracy on the tasks seen so far (mean, 95% CI band)")
+    _method_legend(fig, style)
+    return fig
+
+
+# ------------------------------------------------------------------------- (e) ACC / forgetting
+
+def acc_forgetting(tables: dict, ds) -> Figure | None:
+    """ACC (top) and forgetting (bottom) per regime and method: means with 95% CI whiskers."""
+    sub = _methods_of(tables, ds)
+    if sub["acc"].notna().sum() == 0:
+        return None
+    scale = percent_scale(tables["runs"])
+    regimes = _regimes(tables, sub["regime"])
+    pos = {r: i for i, r in enumerate(regimes)}
+    methods = sorted(sub["method"].unique())
+    style = _style(methods)
+    fig, axes = _figure(2, rows=2, sharex=True)
+    fig.set_size_inches(max(3.5, 0.9 * len(regimes) * max(1, len(methods) / 4) + 1.8), 2 * PANEL_H)
+    for ax, metric, label in zip(axes, ("acc", "forgetting"), ("ACC (%), 95% CI", "forgetting (%), 95% CI")):
+        for i, m in enumerate(methods):
+            d = sub[sub["method"] == m].dropna(subset=[metric]).assign(x=lambda f: f["regime"].map(pos))
+            err = np.vstack([d[metric] - d[f"{metric}_lo"], d[f"{metric}_hi"] - d[metric]]).clip(min=0) * scale
+            colour, marker = style[m]
+            ax.errorbar(d["x"] + _dodge(i, len(methods)), d[metric] * scale, yerr=err, color=colour,
+                        marker=marker, linestyle="none")
+        ax.set_ylabel(label)
+    _regime_axis(axes[1], regimes)
+    axes[0].tick_params(labelbottom=False)
+    fig.suptitle(f"{text(ds)}: ACC and forgetting")
+    _method_legend(fig, style)
+    return fig
+
+
+FIGURES = {"rank-shift": rank_shift, "tau": tau_heatmap, "norm-forgetting": norm_forgetting,
+           "curves": curves, "acc-forgetting": acc_forgetting}

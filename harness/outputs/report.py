@@ -1,0 +1,274 @@
+"""Paper tables from `analyse(records)`: per dataset, method x regime cells "mean ± CI half-width".
+
+Pure functions (tables in, text out): `report_markdown` for a GitHub table, `report_latex` for
+a booktabs table. Each dataset gets the chosen metric's table, then forgetting's. Two tables,
+not two lines per cell: a Markdown cell holds one line, each table has its own best cell per
+column (highest ACC, lowest forgetting), and either table can be pasted alone.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+from ..analysis.frame import FLAG, percent_scale, regime_order
+from ..config.text import terminal_safe
+from .site import slug  # label keys: letters, digits, '-' and a hash, so no two datasets share one
+
+NAMES = {"acc": "ACC", "la": "LA", "bwt": "BWT", "forgetting": "Forgetting", "fwt": "FWT", "aia": "AIA"}
+LOWER_IS_BETTER = frozenset({"forgetting"})
+CREDIBLE_METRIC = "acc"  # the Bayesian comparison (tables["bayes"]) is over ACC
+MD_CREDIBLE, TEX_CREDIBLE = "‡", r"\ddag"
+TEX_FLAG = r"\dag"
+DIGITS = 1  # one decimal of a percent: task orders rarely resolve finer differences
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One table cell: mean and CI half-width (percent), flagged runs, best and credibly-best marks."""
+
+    mean: float
+    half: float
+    n_flagged: int = 0
+    best: bool = False
+    credible: bool = False
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One metric's method x regime table of one dataset, with what its caption says."""
+
+    dataset: str
+    metric: str
+    regimes: tuple
+    methods: tuple
+    cells: dict  # (method, regime) -> Cell; a missing key is a missing cell (never imputed)
+    n_orders: int
+    n_seeds: int
+    ok_range: tuple  # (fewest, most) ok runs in a cell
+    credible_note: str | None  # how credibility was decided; None when tables has no "bayes"
+
+
+def grids(tables: dict, metric: str = "acc") -> list[list[Grid]]:
+    """Per dataset (sorted), the metric's grid and then forgetting's (once if metric is forgetting)."""
+    if metric not in NAMES:
+        raise ValueError(f"metric {metric!r} is not one of {', '.join(NAMES)}")
+    methods = tables["methods"]
+    regimes = regime_order(tables["runs"])
+    scale = percent_scale(tables["runs"])
+    bayes = tables.get("bayes")  # absent until the analysis computes it: no marks then
+    shown = (metric,) if metric == "forgetting" else (metric, "forgetting")
+    note = _credible_note(tables) if bayes is not None else None
+    return [[_grid(sub, tables["runs"], ds, m, regimes, scale, bayes, note) for m in shown]
+            for ds, sub in methods.groupby("dataset", sort=True)]
+
+
+def _grid(sub: pd.DataFrame, runs: pd.DataFrame, ds, metric: str, order, scale: float, bayes,
+          note: str | None) -> Grid:
+    present = set(sub["regime"])
+    regimes = tuple(r for r in order if r in present)
+    cells = {}
+    for r in sub.itertuples(index=False):
+        mean = getattr(r, metric)
+        if not math.isnan(mean):
+            half = (getattr(r, f"{metric}_hi") - getattr(r, f"{metric}_lo")) / 2
+            cells[(r.method, r.regime)] = Cell(mean * scale, half * scale, int(r.n_flagged))
+    cells = _mark_best(cells, regimes, metric in LOWER_IS_BETTER)
+    if bayes is not None and metric == CREDIBLE_METRIC:
+        cells = _mark_credible(cells, regimes, bayes[bayes["dataset"] == ds])
+    ds_runs = runs[runs["dataset"] == ds]
+    ok = sub["n_ok"]
+    return Grid(dataset=ds, metric=metric, regimes=regimes, methods=tuple(dict.fromkeys(sub["method"])),
+                cells=cells, n_orders=int(ds_runs["order"].nunique()), n_seeds=int(ds_runs["seed"].nunique()),
+                ok_range=(int(ok.min()), int(ok.max())), credible_note=note)
+
+
+def _column(cells: dict, regime, lower: bool) -> list:
+    """The column's (method, cell) pairs, best mean first (name order breaks ties)."""
+    col = sorted(((m, c) for (m, r), c in cells.items() if r == regime), key=lambda mc: mc[0])
+    return sorted(col, key=lambda mc: mc[1].mean if lower else -mc[1].mean)
+
+
+def _mark_best(cells: dict, regimes, lower: bool) -> dict:
+    """Bold every cell whose printed mean equals its column's best printed mean (ties all bold)."""
+    # Compared as printed: a reader must not see two equal numbers with only one in bold.
+    out = dict(cells)
+    for rg in regimes:
+        col = _column(cells, rg, lower)
+        if col:
+            top = round(col[0][1].mean, DIGITS)
+            for m, c in col:
+                if round(c.mean, DIGITS) == top:
+                    out[(m, rg)] = replace(c, best=True)
+    return out
+
+
+def _mark_credible(cells: dict, regimes, bayes: pd.DataFrame) -> dict:
+    """Mark a column's best method where the Bayesian test decides for it against the runner-up."""
+    out = dict(cells)
+    for rg in regimes:
+        col = _column(cells, rg, lower=False)
+        if len(col) < 2:
+            continue
+        (best, cell), (runner, _) = col[0], col[1]
+        if _decided_for(bayes[bayes["regime"] == rg], best, runner):
+            out[(best, rg)] = replace(cell, credible=True)
+    return out
+
+
+def _decided_for(rows: pd.DataFrame, best, runner) -> bool:
+    """True when the (best, runner-up) comparison's decision names `best`, in either column order."""
+    for r in rows.itertuples(index=False):
+        pair = {r.method_1, r.method_2}
+        if pair == {best, runner}:
+            winner = {"method_1": r.method_1, "method_2": r.method_2}.get(r.decision)
+            return winner == best
+    return False
+
+
+def _credible_note(tables: dict) -> str:
+    """'Bayesian signed-rank test ..., ROPE r ACC points, P >= level', with what the tables say."""
+    rope = rope_points(tables)
+    settings = tables.get("settings")
+    level = float(settings["credible"].iloc[0]) if settings is not None and "credible" in settings \
+        and len(settings) else math.nan
+    return ("Bayesian signed-rank test over paired task orders"
+            + ("" if math.isnan(rope) else f", ROPE {rope:g} ACC point{'' if rope == 1 else 's'}")
+            + ("" if math.isnan(level) else f", P ≥ {level:g}"))
+
+
+def rope_points(tables: dict) -> float:
+    """The ROPE of tables["bayes"] in ACC points (NaN when unknown or not one value)."""
+    settings = tables.get("settings")
+    if settings is not None and "rope_points" in settings and len(settings):
+        return float(settings["rope_points"].iloc[0])
+    # bayes["rope"] is on the scale accuracies are stored in (a fraction), not in points
+    values = set(pd.to_numeric(tables["bayes"].get("rope", pd.Series(dtype=float)), errors="coerce").dropna())
+    return float(values.pop()) * percent_scale(tables["runs"]) if len(values) == 1 else math.nan
+
+
+def _number(cell: Cell) -> str:
+    return f"{cell.mean:.{DIGITS}f} ± {cell.half:.{DIGITS}f}"
+
+
+def _caption(g: Grid) -> str:
+    """What the numbers are: the metric, over how many orders, what ± means, what bold means."""
+    runs = f"{g.n_orders} task orders" + (f" × {g.n_seeds} seeds" if g.n_seeds > 1 else "")
+    lo, hi = g.ok_range
+    ok = f"; ok runs per cell: {lo}–{hi}" if lo != hi else ""
+    best = "lowest" if g.metric in LOWER_IS_BETTER else "highest"
+    return (f"{NAMES[g.metric]} (%), mean over {runs}{ok}; ± is half the width of the 95% percentile "
+            f"bootstrap CI of the mean. Bold: the {best} mean of each regime (as printed).")
+
+
+def _legend(g: Grid, ranked_flagged: bool) -> list[tuple[str, str]]:
+    """(mark kind, sentence) for the marks the table carries: flag only if a cell has one."""
+    out = []
+    if any(c.n_flagged for c in g.cells.values()):
+        policy = "ranked anyway (--include-flagged)" if ranked_flagged else "left out of rank statistics"
+        out.append(("flag", f"N runs of the cell have learning-check warnings; included in these means, {policy}."))
+    if g.credible_note is not None and g.metric == CREDIBLE_METRIC:
+        out.append(("credible", f"credibly better than the regime's runner-up ({g.credible_note})."))
+    return out
+
+
+def _flag_policy(tables: dict) -> bool:
+    """True when flagged runs entered the rank statistics (analyse(..., include_flagged=True))."""
+    runs = tables["runs"]
+    flagged = runs[runs["flagged"].astype(bool)]
+    return bool(flagged["ranked"].any()) if len(flagged) else False
+
+
+# ---------------------------------------------------------------------------------- Markdown
+
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&$!#])")
+
+
+def md_escape(text) -> str:
+    """A label as literal Markdown text in a GitHub table (one line, no markup, no raw HTML)."""
+    return _MD_SPECIAL.sub(r"\\\1", terminal_safe(text))
+
+
+def report_markdown(tables: dict, metric: str = "acc") -> str:
+    """Per dataset: the metric's and forgetting's method x regime tables as GitHub Markdown."""
+    ranked_flagged = _flag_policy(tables)
+    parts = ["# cl-bench report"]
+    for dataset_grids in grids(tables, metric):
+        parts.append(f"## Dataset: {md_escape(dataset_grids[0].dataset)}")
+        parts += [_md_table(g, ranked_flagged) for g in dataset_grids]
+    return "\n\n".join(parts) + "\n"
+
+
+def _md_table(g: Grid, ranked_flagged: bool) -> str:
+    header = ["method", *(md_escape(r) for r in g.regimes)]
+    title, rest = _caption(g).split(", ", 1)
+    lines = [f"**{title}**, {rest}", "",
+             _md_row(header), _md_row(["---", *("---:" for _ in g.regimes)])]
+    lines += [_md_row([md_escape(m), *(_md_cell(g.cells.get((m, r))) for r in g.regimes)]) for m in g.methods]
+    marks = {"flag": f"{FLAG}N", "credible": MD_CREDIBLE}
+    legend = [f"{marks[kind]}: {md_escape(text)}" for kind, text in _legend(g, ranked_flagged)]
+    return "\n".join(lines + ([""] + legend if legend else []))
+
+
+def _md_row(items) -> str:
+    return "| " + " | ".join(items) + " |"
+
+
+def _md_cell(cell: Cell | None) -> str:
+    if cell is None:
+        return "—"
+    text = f"**{_number(cell)}**" if cell.best else _number(cell)
+    text += MD_CREDIBLE if cell.credible else ""
+    return text + (f" {FLAG}{cell.n_flagged}" if cell.n_flagged else "")
+
+
+# ---------------------------------------------------------------------------------- LaTeX
+
+_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+        "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+        "<": r"\textless{}", ">": r"\textgreater{}", "|": r"\textbar{}"}
+
+
+def tex_escape(text) -> str:
+    """A label as literal LaTeX text (every special character escaped, one line)."""
+    out = "".join(_TEX.get(ch, ch) for ch in terminal_safe(text))
+    return re.sub(r"-(?=-)", "-{}", out)  # "--" would print as a dash
+
+
+def _tex_prose(text: str) -> str:
+    """Our own caption text: escaped, with its symbols as LaTeX commands (no unicode needed)."""
+    return (tex_escape(text).replace("±", r"$\pm$").replace("×", r"$\times$").replace("–", "--")
+            .replace("≥", r"$\geq$"))
+
+
+def report_latex(tables: dict, metric: str = "acc") -> str:
+    """Per dataset: the metric's and forgetting's method x regime tables as booktabs LaTeX."""
+    ranked_flagged = _flag_policy(tables)
+    parts = ["% cl-bench report; needs \\usepackage{booktabs}"]
+    for dataset_grids in grids(tables, metric):
+        parts += [_tex_table(g, ranked_flagged) for g in dataset_grids]
+    return "\n\n".join(parts) + "\n"
+
+
+def _tex_table(g: Grid, ranked_flagged: bool) -> str:
+    marks = {"flag": f"\\textsuperscript{{{TEX_FLAG}{{}}N}}", "credible": f"\\textsuperscript{{{TEX_CREDIBLE}}}"}
+    legend = "".join(f" {marks[kind]}: {_tex_prose(text)}" for kind, text in _legend(g, ranked_flagged))
+    caption = f"Dataset {tex_escape(g.dataset)}: {_tex_prose(_caption(g))}{legend}"
+    rows = [" & ".join(["Method", *(tex_escape(r) for r in g.regimes)]) + r" \\"]
+    body = [" & ".join([tex_escape(m), *(_tex_cell(g.cells.get((m, r))) for r in g.regimes)]) + r" \\"
+            for m in g.methods]
+    return "\n".join([r"\begin{table}[t]", r"\centering", f"\\caption{{{caption}}}",
+                      f"\\label{{tab:{slug(g.dataset)}-{g.metric}}}",
+                      f"\\begin{{tabular}}{{l{'r' * len(g.regimes)}}}", r"\toprule", *rows, r"\midrule",
+                      *body, r"\bottomrule", r"\end{tabular}", r"\end{table}"])
+
+
+def _tex_cell(cell: Cell | None) -> str:
+    if cell is None:
+        return "---"
+    text = f"{cell.mean:.{DIGITS}f} $\\pm$ {cell.half:.{DIGITS}f}"
+    text = f"\\textbf{{{text}}}" if cell.best else text
+    marks = (TEX_CREDIBLE if cell.credible else "") + (f"{TEX_FLAG}{cell.n_flagged}" if cell.n_flagged else "")
+    return text + (f"\\textsuperscript{{{marks}}}" if marks else "")
