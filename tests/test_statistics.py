@@ -209,3 +209,21 @@ def test_task_curves_mean_over_runs():
     assert c["task"].tolist() == [1, 2]
     assert c.iloc[1]["acc"] == pytest.approx(np.mean([(0.6 + 0.1 * o + 0.8) / 2 for o in range(3)]))
     assert c.iloc[1]["acc_lo"] <= c.iloc[1]["acc"] <= c.iloc[1]["acc_hi"]
+
+
+# ------------------------------------------------------------- where the power warnings appear
+
+def test_dry_run_warns_about_tests_the_design_cannot_decide(cli, capsys, tmp_path):
+    code = cli("run", "--protocol", "depth-sweep-mini", "--dry-run", "--results", str(tmp_path))
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "power warning: paired Wilcoxon" in out and "needs >= 11 task orders" in out
+
+
+def test_summary_power_lines_name_the_cells():
+    from harness.analysis.tables import power_summary
+
+    scores = {("head", m): [0.9, 0.91, 0.92] for m in "ab"} | {("full", m): [0.8, 0.85, 0.83] for m in "ab"}
+    lines = power_summary(records_to_frame(_records(scores)))
+    assert any(ln.startswith("power warning (digits/head, digits/full): paired Wilcoxon") for ln in lines)
+    assert all("Bayesian" not in ln for ln in lines)  # 3 blocks are enough for P >= 0.95

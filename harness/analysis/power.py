@@ -117,6 +117,8 @@ def _message(design: TestDesign, row: dict, alpha: float) -> str:
     unit = BLOCKS.get(design.test, "task orders")
     if design.test == "bayes-signed-rank":
         got = f"P <= {row['max_prob']:.3f} < {bayes.CREDIBLE}"
+    elif design.n_comparisons > 1 and design.test == "wilcoxon-holm":
+        got = f"Holm-adjusted p >= {row['min_p']:.3g} over {design.n_comparisons} pairs, never below alpha = {alpha:g}"
     else:
         got = f"p >= {row['min_p']:.3g}, never below alpha = {alpha:g}"
     need = ("cannot decide at any size" if math.isnan(row["blocks_needed"])
@@ -172,3 +174,21 @@ def observed_power(cells, skip: dict, rope: float, alpha: float = ALPHA) -> "pd.
     cols = ["dataset", "regime", "test", "n_blocks", "n_items", "n_comparisons", "min_p", "max_prob",
             "alpha", "threshold", "reachable", "blocks_needed", "message"]
     return pd.DataFrame(rows, columns=cols)
+
+
+def power_lines(rows) -> list[str]:
+    """Terminal lines: one warning per test that cannot decide, naming the cells it holds for, or an all-clear."""
+    where: dict[str, list[str]] = {}
+    for r in rows:
+        if not r["reachable"]:
+            cell = "/".join(str(r[k]) for k in ("dataset", "regime") if r.get(k))
+            where.setdefault(r["message"], []).append(cell)
+    if not where:
+        return ["power: every test shown can reach its decision level with these blocks"]
+    return [f"power warning{' (' + ', '.join(c for c in cells if c) + ')' if any(cells) else ''}: {m}"
+            for m, cells in where.items()]
+
+
+def plan_power_lines(n_orders: int, n_methods: int, n_regimes: int, rope: float) -> list[str]:
+    """power_lines for a planned design (seeds are averaged within an order: blocks = orders)."""
+    return power_lines(design_power(n_orders, n_methods, n_regimes, rope))

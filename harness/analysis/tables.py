@@ -181,3 +181,13 @@ def _extreme_pair_tau(tables) -> list[dict]:
             out.append({"dataset": ds, "a": regs[0], "b": regs[-1], "tau": row["tau"],
                         "p": row["p"], "n_methods": row["n_methods"]})
     return out
+
+
+def power_summary(frame: pd.DataFrame, rope: float = decisions.ROPE_POINTS) -> list[str]:
+    """The end-of-sweep power lines: tests that cannot decide with the blocks the records have."""
+    if frame.empty:
+        return []
+    cells = Cells(frame)
+    skip = degenerate_regimes(degenerate_table(frame, cells))
+    rows = power.observed_power(cells, skip, decisions.rope_fraction(rope, percent_scale(frame)))
+    return power.power_lines(rows.to_dict("records"))

@@ -48,7 +48,7 @@ def run_command(req: SweepRequest) -> int:
     """Plan, optionally print the grid, run what is left, print the summary, build the site."""
     protocol = _load(req)
     plan = plan_sweep(req, protocol)
-    print(format_plan(protocol, plan, req.results))
+    print(format_plan(protocol, plan, req.results, req.rope))
     if req.dry_run:
         return 0
     return _exit_code(_sweep_and_report(req, protocol, plan, _options(req)))
@@ -61,7 +61,8 @@ def _sweep_and_report(req: SweepRequest, protocol, plan, options, of: str = ""):
           f"({_statuses(result.statuses)}); records in {Path(req.results) / protocol.name / 'runs'}")
     _print_rerun_hint(result, req.results)
     grid = {s.run_id for s in plan.specs}
-    print_summary(req.results, protocol.name, protocol.version, grid, include_flagged=req.include_flagged)
+    print_summary(req.results, protocol.name, protocol.version, grid, include_flagged=req.include_flagged,
+                  rope=req.rope)
     if req.leaderboard:
         # the summary above has said what the view leaves out
         build_leaderboard(req.results, protocol.name, version=protocol.version, grid=grid, log=lambda _: None,
@@ -127,8 +128,10 @@ def _statuses(statuses: dict) -> str:
     return ", ".join(f"{v} {k}" for k, v in sorted(statuses.items())) or "nothing to do"
 
 
-def format_plan(protocol, plan, results) -> str:
-    """The grid: counts per axis, total runs, runs already done, and every file not counted."""
+def format_plan(protocol, plan, results, rope: float = 1.0) -> str:
+    """The grid: counts per axis, total runs, runs already done, every file not counted, and
+    the tests this design cannot decide (design power)."""
+    from ..analysis.power import plan_power_lines
     from ..config.text import terminal_safe
 
     c = plan.counts()
@@ -146,20 +149,26 @@ def format_plan(protocol, plan, results) -> str:
         lines.append(f"invalid record files (will be redone): {len(plan.invalid)}")
     if plan.foreign:
         lines.append(f"foreign record files (never counted): {len(plan.foreign)}")
+    # seeds are averaged within an order, so the paired blocks of every test are the orders
+    lines += plan_power_lines(c["orders"], c["methods"], c["regimes"], rope / 100.0)
     return "\n".join(lines)
 
 
 def print_summary(results, protocol_name: str, version: str | None = None, grid=None,
-                  include_flagged: bool = False) -> None:
-    """Method x regime summary (mean ACC / forgetting, flagged runs marked) of one protocol version's records."""
+                  include_flagged: bool = False, rope: float = 1.0) -> None:
+    """Method x regime summary (mean ACC / forgetting, flagged runs marked) of one protocol version's
+    records, and the tests its blocks cannot decide."""
     from ..analysis.frame import format_summary, records_to_frame
+    from ..analysis.tables import power_summary
     from ..execution.store import load_records
     from ..execution.views import view_records
 
     print()
     records = view_records(load_records(results, protocol_name), version, grid)
     if records:
-        print(format_summary(records_to_frame(records, include_flagged)))
+        frame = records_to_frame(records, include_flagged)
+        print(format_summary(frame))
+        print("\n".join(["", *power_summary(frame, rope)]))
 
 
 def build_leaderboard(results, protocol_name: str, out: str | None = None, version: str | None = None,
@@ -377,7 +386,7 @@ def submit_command(req: SubmitRequest) -> int:
     sub = prepare(req.file, s.protocol, s.results, datasets=s.datasets, regimes=s.regimes,
                   orders=s.orders, plan=lambda protocol: plan_sweep(s, protocol))
     print(f"\nsubmission {sub.method!r} from {sub.file} (sha256 {sub.info['sha256'][:16]}...)")
-    print(format_plan(sub.protocol, sub.plan, s.results))
+    print(format_plan(sub.protocol, sub.plan, s.results, s.rope))
     if s.dry_run:
         return 0
     result = _sweep_and_report(s, sub.protocol, sub.plan, _options(s, submission=sub.info), of=f" of {sub.method!r}")
