@@ -227,3 +227,10 @@ def test_summary_power_lines_name_the_cells():
     lines = power_summary(records_to_frame(_records(scores)))
     assert any(ln.startswith("power warning (digits/head, digits/full): paired Wilcoxon") for ln in lines)
     assert all("Bayesian" not in ln for ln in lines)  # 3 blocks are enough for P >= 0.95
+
+
+def test_one_block_decides_nothing_even_when_every_method_ties():
+    frame = records_to_frame(_records({("head", m): [0.9] for m in "abc"}))
+    table = bayes_table(Cells(frame), rope=0.01)
+    assert (table["p_rope"] == 1.0).all()  # what the test says of one tied block ...
+    assert (table["decision"] == "undecided").all()  # ... is no evidence: 1 block cannot reach 0.95

@@ -28,12 +28,16 @@ def rope_fraction(rope_points: float, scale: float) -> float:
 
 
 def _pairs(om: pd.DataFrame, dataset: str, regime: str, rope: float) -> list[dict]:
+    # Too few blocks to ever call a winner: decide nothing. The prior's pseudo-observation sits
+    # at 0, inside the ROPE, so one block of ties would otherwise read "equal" with P = 1.
+    can_decide = bayes.max_attainable(len(om), rope) >= bayes.CREDIBLE
     rows = []
     for a, b in itertools.combinations(sorted(om.columns), 2):
         p1, pr, p2 = bayes.signed_rank_probs(om[a].to_numpy(), om[b].to_numpy(), rope)
         rows.append({"dataset": dataset, "regime": regime, "method_1": a, "method_2": b,
                      "n_blocks": len(om), "diff": float((om[a] - om[b]).mean()), "p_1": p1,
-                     "p_rope": pr, "p_2": p2, "rope": rope, "decision": bayes.decision(p1, pr, p2)})
+                     "p_rope": pr, "p_2": p2, "rope": rope,
+                     "decision": bayes.decision(p1, pr, p2) if can_decide else "undecided"})
     return rows
 
 

@@ -118,7 +118,8 @@ def _message(design: TestDesign, row: dict, alpha: float) -> str:
     if design.test == "bayes-signed-rank":
         got = f"P <= {row['max_prob']:.3f} < {bayes.CREDIBLE}"
     elif design.n_comparisons > 1 and design.test == "wilcoxon-holm":
-        got = f"Holm-adjusted p >= {row['min_p']:.3g} over {design.n_comparisons} pairs, never below alpha = {alpha:g}"
+        got = (f"a smallest Holm-adjusted p of {row['min_p']:.3g} over {design.n_comparisons} pairs, "
+               f"never below alpha = {alpha:g}")
     else:
         got = f"p >= {row['min_p']:.3g}, never below alpha = {alpha:g}"
     need = ("cannot decide at any size" if math.isnan(row["blocks_needed"])

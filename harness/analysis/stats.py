@@ -212,16 +212,18 @@ def _tau_statistic(x, y, axis=-1):
 
 
 def tau_permutation_test(x, y, n_perm: int = 10000, seed: int = SEED) -> tuple[float, float]:
-    """tau_b and its two-sided permutation p-value (scipy.stats.permutation_test over pairings;
-    exact enumeration up to 8 items, else n_perm seeded random pairings)."""
+    """tau_b and its two-sided permutation p-value: scipy.stats.permutation_test permuting y
+    against a fixed x (exact enumeration of the n! pairings up to 8 items, else n_perm seeded ones)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     tau = kendall_tau_b(x, y)
     if math.isnan(tau):
         return tau, math.nan
     exact = math.factorial(x.size) <= 40320
-    res = sps.permutation_test((x, y), _tau_statistic, permutation_type="pairings", vectorized=True,
-                               n_resamples=np.inf if exact else n_perm, alternative="two-sided",
-                               rng=np.random.default_rng(seed))
+    # One sample: "pairings" then permutes y alone (n! orders). Passing (x, y) would permute
+    # both samples, (n!)^2 arrangements, for the same distribution.
+    res = sps.permutation_test((y,), lambda yy, axis=-1: _tau_statistic(x, yy), permutation_type="pairings",
+                               vectorized=True, n_resamples=np.inf if exact else n_perm,
+                               alternative="two-sided", rng=np.random.default_rng(seed))
     return tau, float(res.pvalue)
 
 

@@ -96,7 +96,7 @@ def analyse(records, seed: int = stats.SEED, include_flagged: bool = False,
     rope_acc = decisions.rope_fraction(rope, percent_scale(frame))
     bayes = decisions.bayes_table(cells, rope_acc)
     credible = decisions.credible_reversals(bayes, regime_order(frame), {**skip, decisions.ALL: _everywhere(skip, cells)})
-    reversals = _with_credible(ranks.rank_reversals(frame, cells), credible)
+    reversals = _with_credible(ranks.rank_reversals(frame, cells), credible, bayes)
     return {
         "runs": frame,
         "coverage": coverage_table(frame),
@@ -133,11 +133,23 @@ def _everywhere(skip: dict, cells: Cells) -> dict[str, str]:
             if all(r in skip.get(ds, {}) for ds in cells.datasets if r in cells.regimes(ds))}
 
 
-def _with_credible(reversals: pd.DataFrame, credible: pd.DataFrame) -> pd.DataFrame:
-    """The reversal list with a `credible` column: the flip is credible in both regimes."""
+def _with_credible(reversals: pd.DataFrame, credible: pd.DataFrame, bayes: pd.DataFrame) -> pd.DataFrame:
+    """The reversal list with, per regime, the posterior probability of the order seen there
+    (p_a, p_b; `strength` = the smaller) and `credible`: both reach the credible level."""
     keys = ["dataset", "regime_a", "regime_b", "method_1", "method_2"]
     hits = set(map(tuple, credible[keys].to_numpy().tolist())) if len(credible) else set()
-    return reversals.assign(credible=[tuple(r) in hits for r in reversals[keys].to_numpy().tolist()])
+    probs = {(r.dataset, r.regime, r.method_1, r.method_2): (r.p_1, r.p_2) for r in bayes.itertuples()}
+
+    def p_of(ds, rg, m1, m2, diff):
+        pair = probs.get((ds, rg, m1, m2))
+        return math.nan if pair is None else (pair[0] if diff > 0 else pair[1])
+
+    out = reversals.assign(
+        p_a=[p_of(r.dataset, r.regime_a, r.method_1, r.method_2, r.diff_a) for r in reversals.itertuples()],
+        p_b=[p_of(r.dataset, r.regime_b, r.method_1, r.method_2, r.diff_b) for r in reversals.itertuples()])
+    out["strength"] = out[["p_a", "p_b"]].min(axis=1)
+    out["credible"] = [tuple(r) in hits for r in out[keys].to_numpy().tolist()]
+    return out
 
 
 def headline(tables: dict[str, pd.DataFrame]) -> dict:
@@ -163,9 +175,20 @@ def headline(tables: dict[str, pd.DataFrame]) -> dict:
             "credible": len(per_dataset),
             "credible_pooled": len(credible) - len(per_dataset),
             "top_credible": per_dataset.head(3).to_dict("records") if len(per_dataset) else [],
+            "top_reversals": _strongest(tables.get("reversals", pd.DataFrame())),
+            # the Wilcoxon count is a statement only where the test could call anything significant
+            "wilcoxon_decides": bool(pw[pw["test"] == "wilcoxon-holm"]["reachable"].all()) if len(pw) else True,
             "degenerate": deg[deg["degenerate"]][["dataset", "regime", "reason"]].to_dict("records") if len(deg) else [],
             "power_warnings": sorted(set(pw.loc[~pw["reachable"].astype(bool), "message"])) if len(pw) else [],
             "rope": float(settings["rope_points"].iloc[0]) if "rope_points" in settings else math.nan}
+
+
+def _strongest(reversals: pd.DataFrame, n: int = 3) -> list[dict]:
+    """The n reversals whose two orders are most probable (credible or not), strongest first."""
+    if reversals.empty or "strength" not in reversals:
+        return []
+    top = reversals.dropna(subset=["strength"]).sort_values("strength", ascending=False, kind="stable")
+    return top.head(n).to_dict("records")
 
 
 def _extreme_pair_tau(tables) -> list[dict]:

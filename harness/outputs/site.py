@@ -1,14 +1,13 @@
 """Static HTML leaderboard: analysis tables -> jinja2 templates (autoescaped) -> a folder of pages.
 
-Self-contained: CSS, SVG and the sort script are inlined, links are relative, so the site
-opens from file:// and can be copied anywhere. Chart geometry is computed here as plain
-numbers; the templates (leaderboard/templates/) only draw it.
+Self-contained: CSS, SVG and the one script (table sorting, SVG downloads) are inlined, links
+are relative, so the site opens from file:// and can be copied anywhere. Chart geometry is
+computed in charts.py as plain numbers; the templates (leaderboard/templates/) only draw it.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from pathlib import Path
 
@@ -22,12 +21,11 @@ from ..config.specs import RunRecord
 from ..config.text import spreadsheet_safe
 from ..config.vocabulary import WARNINGS
 from ..execution.reproduce import reproduce_command
+from . import charts
+from .charts import METHOD_COLOURS, REGIME_COLOURS, ok as _ok, records_of as _records_of
 
 TEMPLATES = REPOSITORY / "leaderboard" / "templates"
-# One colour per regime, light (shallow) to dark (deep): depth reads as intensity.
-REGIME_COLOURS = ("#f4a259", "#e76f51", "#b5446e", "#6a4c93", "#1d3557", "#0b132b")
-METHOD_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+__all__ = ["build_site", "site_summary_line", "slug", "flag_title", "p_text", "METHOD_COLOURS", "REGIME_COLOURS"]
 
 
 def slug(name: str) -> str:
@@ -42,8 +40,35 @@ def _env() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined)
     env.filters.update(num=_num, pct=lambda x, s=100.0: _num(x * s if _ok(x) else x, 1),
                        slug=slug, tojson_compact=lambda v: json.dumps(v, default=str),
-                       thousands=_thousands, flag_title=flag_title)
+                       tojson_pretty=lambda v: json.dumps(v, indent=1, default=str),
+                       thousands=_thousands, flag_title=flag_title, p=p_text,
+                       p_eq=_p_eq,
+                       prob=lambda x: _num(x, 3), listing=_listing, val=_value)
     return env
+
+
+def p_text(p) -> str:
+    """A p-value as shown everywhere: "< 0.001" below 0.001, else three decimals (never "0.0000")."""
+    if not _ok(p):
+        return "—"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _p_eq(p) -> str:
+    """The p filter after a "p": "< 0.001", "= 0.123", or "n/a" when there is none."""
+    if not _ok(p):
+        return "n/a"
+    return p_text(p) if p < 0.001 else f"= {p_text(p)}"
+
+
+def _value(x, digits: int = 4) -> str:
+    """A diagnostic value: whole numbers as integers (memory dimensions, epochs), others fixed-point."""
+    return str(int(x)) if _ok(x) and float(x).is_integer() and abs(x) < 1e15 else _num(x, digits)
+
+
+def _listing(values) -> str:
+    """Distinct values joined by " · " (one value: just it)."""
+    return " · ".join(str(v) for v in values) if values else "—"
 
 
 def _thousands(x) -> str:
@@ -60,24 +85,9 @@ def flag_title(codes: str) -> str:
     return "learning-check warnings: " + "; ".join(f"{c} ({WARNINGS[c]})" if c in WARNINGS else c for c in items)
 
 
-def _ok(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def _num(x, digits: int = 3) -> str:
     """Fixed-point text, or an em dash for missing values."""
     return f"{x:.{digits}f}" if _ok(x) else "—"
-
-
-def _clean(v):
-    """JSON-safe scalar (NaN -> None, numpy -> Python)."""
-    if hasattr(v, "item"):
-        v = v.item()
-    return None if isinstance(v, float) and not math.isfinite(v) else v
-
-
-def _records_of(df: pd.DataFrame) -> list[dict]:
-    return [{k: _clean(v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
 class _Writer:
@@ -180,27 +190,33 @@ class _Writer:
 
 
 def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | None = None,
-               include_flagged: bool = False) -> Path:
+               include_flagged: bool = False, rope: float = 1.0) -> Path:
     """Render the whole leaderboard for a list of records; returns index.html's path.
 
     Flagged runs (learning-check warnings) are shown and marked everywhere, and left out of
-    the rankings unless include_flagged.
+    the rankings unless include_flagged. rope: region of practical equivalence of the Bayesian
+    comparisons, in ACC points.
     """
     out = Path(out_dir)
-    tables = analyse(records, include_flagged=include_flagged)
+    tables = analyse(records, include_flagged=include_flagged, rope=rope)
+    if "curves" not in tables:
+        tables = {**tables, "curves": _fallback_curves(records)}
     frame = tables["runs"]
     regimes = regime_order(frame)
+    methods = sorted(frame["method"].unique())
+    infos = _method_infos()
     base = {"protocol": _protocol(records), "scale": percent_scale(frame), "regimes": regimes,
             "regime_colour": {r: REGIME_COLOURS[min(i, len(REGIME_COLOURS) - 1)] for i, r in enumerate(regimes)},
-            "datasets": sorted(frame["dataset"].unique()), "methods": sorted(frame["method"].unique()),
+            "method_colour": {m: METHOD_COLOURS[i % len(METHOD_COLOURS)] for i, m in enumerate(methods)},
+            "datasets": sorted(frame["dataset"].unique()), "methods": methods,
             "results_dir": results_dir, "include_flagged": include_flagged, "flag": FLAG,
-            "warning_text": WARNINGS}
+            "warning_text": WARNINGS, "rope": rope}
     with _Writer(out, _env(), base) as w:  # on leaving: files of the previous build not rewritten go
         index = _overview(w, tables, records)
         for ds in base["datasets"]:
             _dataset_page(w, tables, ds)
-        for m in base["methods"]:
-            _method_page(w, tables, records, m)
+        for m in methods:
+            _method_page(w, tables, records, m, infos)
         for rec in records:
             _run_page(w, rec, base)
     return index
@@ -220,6 +236,53 @@ def site_summary_line(path) -> str:
     return f"leaderboard: {index.resolve()} ({n} pages; open it in a browser, no server needed)"
 
 
+def _fallback_curves(records) -> pd.DataFrame:
+    """Mean seen-task accuracy per task, CI = min/max over runs (no bootstrap).
+
+    Stand-in only: the analysis table tables["curves"] (harness/analysis/curves.py) replaces it
+    whenever analyse() provides one.
+    """
+    groups: dict[tuple, list[list]] = {}
+    for rec in records:
+        if rec.ok and rec.acc_matrix:
+            rows = [[v for v in (row or [])[:t + 1] if _ok(v)] for t, row in enumerate(rec.acc_matrix)]
+            seen = [sum(r) / len(r) if len(r) == t + 1 else None for t, r in enumerate(rows)]
+            groups.setdefault((rec.dataset, rec.spec.regime, rec.method), []).append(seen)
+    out = []
+    for (ds, rg, m), curves in sorted(groups.items()):
+        for t in range(max(len(c) for c in curves)):
+            v = [c[t] for c in curves if t < len(c) and c[t] is not None]
+            if v:
+                out.append({"dataset": ds, "regime": rg, "method": m, "task": t + 1, "n": len(v),
+                            "acc": sum(v) / len(v), "acc_lo": min(v), "acc_hi": max(v)})
+    return pd.DataFrame(out, columns=["dataset", "regime", "method", "task", "n", "acc", "acc_lo", "acc_hi"])
+
+
+def _method_infos() -> dict[str, dict]:
+    """Adapter metadata by registry name (methods.index: no torch import when cached); {} if unavailable."""
+    from ..methods.index import method_infos
+
+    try:
+        return {m["name"]: m for m in method_infos()}
+    except Exception:  # a broken submission must not stop the site: descriptions are decoration
+        return {}
+
+
+def _present(t: dict, key: str) -> pd.DataFrame | None:
+    """An optional analysis table, or None when this analysis does not provide it."""
+    df = t.get(key)
+    return df if isinstance(df, pd.DataFrame) else None
+
+
+def _degenerate_map(t: dict, ds: str) -> dict[str, str]:
+    """{regime: reason} of the dataset's degenerate regimes (none when the analysis has no such table)."""
+    deg = _present(t, "degenerate")
+    if deg is None or deg.empty:
+        return {}
+    sub = deg[(deg["dataset"] == ds) & deg["degenerate"].astype(bool)]
+    return {r: str(why or "all methods tie") for r, why in zip(sub["regime"], sub["reason"])}
+
+
 # ---------------------------------------------------------------- overview
 
 def _overview(w: _Writer, t: dict, records) -> Path:
@@ -227,24 +290,74 @@ def _overview(w: _Writer, t: dict, records) -> Path:
     status = frame.groupby(["dataset", "status"]).size().unstack(fill_value=0)
     flagged_per = frame.groupby("dataset")["flagged"].sum()
     gr = t["global_ranks"]
+    downloads = {"global ranking": w.table(gr, "global_ranks"), "coverage": w.table(t["coverage"], "coverage"),
+                 "all runs": w.table(frame, "runs"), "agreement (W across regimes)": w.table(t["w_regimes"], "w_regimes"),
+                 "flagged runs": w.table(t["flagged"], "flagged"), "training budget": w.table(t["budget"], "budget")}
+    downloads.update({name: w.table(t[key], key) for name, key in (
+        ("design power", "power"), ("credible reversals", "credible_reversals"),
+        ("degenerate regimes", "degenerate")) if _present(t, key) is not None})
     ctx = {
         "title": "Overview", "n_runs": len(frame),
         "status_counts": frame["status"].value_counts().to_dict(),
         "status_table": [{"dataset": ds, **{k: int(v) for k, v in row.items()}, "_flagged": int(flagged_per[ds])}
                          for ds, row in status.iterrows()],
         "statuses": list(status.columns),
-        "headline": headline(t),
+        "headline": headline(t), "setup": _setup(records, frame),
+        "power": _power(_present(t, "power")), "bayes_blind": _bayes_blind(_present(t, "power")),
         "flagged": _records_of(t["flagged"]), "budget": _budget_summary(t["budget"]),
         "unranked": [r for r in w.base["regimes"] if r not in set(gr["regime"])],
         "global": {rg: _records_of(sub) for rg, sub in gr.groupby("regime", sort=False)},
-        "global_chart": _rank_whiskers(gr, w.base["regimes"]),
+        "global_chart": charts.rank_whiskers(gr, w.base["regimes"]),
         "failed": _records_of(frame[frame["status"] != "ok"][["run_id", "dataset", "regime", "method", "order", "seed", "status", "error"]]),
         "w_regimes": _records_of(t["w_regimes"]),
-        "downloads": {"global ranking": w.table(gr, "global_ranks"), "coverage": w.table(t["coverage"], "coverage"),
-                      "all runs": w.table(frame, "runs"), "agreement (W across regimes)": w.table(t["w_regimes"], "w_regimes"),
-                      "flagged runs": w.table(t["flagged"], "flagged"), "training budget": w.table(t["budget"], "budget")},
+        "downloads": downloads,
     }
     return w.page("index.html", "index.html", **ctx)
+
+
+def _setup(records, frame: pd.DataFrame) -> dict:
+    """Scenario, pre-training and training budget of the records' specs (every distinct value)."""
+    specs = [r.spec for r in records]
+
+    def values(get) -> list:
+        return sorted({_text(get(s)) for s in specs}, key=str)
+
+    ok_steps = frame.loc[frame["status"] == "ok", "optimizer_steps"].dropna() if "optimizer_steps" in frame else []
+    return {"scenario": values(lambda s: s.scenario), "pretrain": values(lambda s: s.pretrain),
+            "epochs": values(lambda s: s.training.epochs), "batch_size": values(lambda s: s.training.batch_size),
+            "optimizer": values(lambda s: s.training.optimizer), "lr": values(lambda s: s.training.lr),
+            "momentum": values(lambda s: s.training.momentum),
+            "weight_decay": values(lambda s: s.training.weight_decay),
+            "steps": float(ok_steps.mean()) if len(ok_steps) else None}
+
+
+def _text(v) -> str:
+    """A spec value as one line (mappings as compact JSON: `{checkpoint: PATH}` pre-training)."""
+    return json.dumps(v, sort_keys=True, default=str) if isinstance(v, (dict, list)) else str(v)
+
+
+def _power(pw: pd.DataFrame | None, with_dataset: bool = True) -> dict | None:
+    """Design-power rows, and each warning of the tests that cannot decide with where it applies
+    (None: the analysis has no power table)."""
+    if pw is None:
+        return None
+    rows = _records_of(pw)
+    bad = [r for r in rows if not r["reachable"]]
+    where: dict[str, list[str]] = {}
+    for r in bad:
+        at = f"{r['dataset']} · {r['regime']}" if with_dataset else str(r["regime"])
+        where.setdefault(str(r["message"] or r["test"]), []).append(at)
+    return {"rows": rows, "warnings": [{"message": m, "where": w} for m, w in sorted(where.items())],
+            "n_bad": len(bad)}
+
+
+def _bayes_blind(pw: pd.DataFrame | None) -> dict:
+    """How many (dataset, regime) Bayesian comparisons cannot reach the credible level at all:
+    there, "no credible reversal" says nothing about agreement."""
+    if pw is None or pw.empty:
+        return {"n": 0, "of": 0}
+    b = pw[pw["test"] == "bayes-signed-rank"]
+    return {"n": int((~b["reachable"].astype(bool)).sum()), "of": len(b)}
 
 
 def _budget_summary(budget: pd.DataFrame) -> dict:
@@ -255,133 +368,120 @@ def _budget_summary(budget: pd.DataFrame) -> dict:
     return {"rows": rows, "differs": bool(rel) and max(rel) - min(rel) > 0.01}
 
 
-def _rank_whiskers(gr: pd.DataFrame, regimes) -> dict:
-    """Mean rank with CI whiskers, one row per (regime, method)."""
-    rows = _records_of(gr)
-    kmax = max([r["rank_hi"] or 1 for r in rows] + [2])
-    return {"rows": rows, "kmax": math.ceil(kmax), "regimes": regimes}
-
-
 # ---------------------------------------------------------------- dataset page
 
+DATASET_DOWNLOADS = (("method x regime", "methods"), ("Kendall tau", "tau"), ("rank reversals", "reversals"),
+                     ("credible reversals", "credible_reversals"), ("Bayesian comparisons", "bayes"),
+                     ("design power", "power"), ("degenerate regimes", "degenerate"), ("accuracy curves", "curves"),
+                     ("Friedman + CD", "friedman"), ("W across orders", "w_orders"),
+                     ("norm vs forgetting", "norm_forgetting"), ("depth profile", "depth_profile"),
+                     ("depth trend", "depth_trend"), ("step level", "step_level"), ("runs", "runs"))
+
+
 def _dataset_page(w: _Writer, t: dict, ds: str) -> Path:
-    sel = {k: v[v["dataset"] == ds] for k, v in t.items() if "dataset" in v.columns}
+    sel = {k: v[v["dataset"] == ds] for k, v in t.items() if isinstance(v, pd.DataFrame) and "dataset" in v.columns}
     s = slug(ds)
     regs = [r for r in w.base["regimes"] if r in set(sel["methods"]["regime"])]
+    deg = _degenerate_map(t, ds)
+    colours = w.base["method_colour"]
     ctx = {
-        "title": ds, "dataset": ds, "regs": regs,
+        "title": ds, "dataset": ds, "regs": regs, "degenerate": deg,
+        "grid": _grid(sel["methods"], regs, deg),
         "rows": _records_of(sel["methods"]),
-        "tau": _heatmap(sel["tau"], regs),
-        "rank_shift": _rank_shift(sel["methods"], regs),
-        "scatter": _scatter(sel["runs"], sel["norm_forgetting"], regs),
+        "tau": charts.heatmap(sel["tau"], regs, deg),
+        "rank_shift": charts.rank_shift(sel["methods"], regs, colours),
+        "curves": charts.curve_panels(sel.get("curves"), regs, colours, w.base["scale"]),
+        "credible": _records_of(sel["credible_reversals"]) if "credible_reversals" in sel else None,
+        "bayes": _bayes_matrices(sel["bayes"], regs) if "bayes" in sel else None,
+        "power": _power(sel.get("power"), with_dataset=False),
+        "wilcoxon_decides": _wilcoxon_decides(sel.get("power")),
+        "scatter": charts.scatter(sel["runs"], sel["norm_forgetting"], regs),
         "profile": _records_of(sel["depth_profile"]),
         "trend": _records_of(sel["depth_trend"]),
-        "cd": _cd_diagrams(sel["methods"], sel["friedman"], regs),
+        "cd": charts.cd_diagrams(sel["methods"], sel["friedman"], regs),
         "friedman": _records_of(sel["friedman"]), "w_orders": _records_of(sel["w_orders"]),
         "w_regimes": _records_of(sel["w_regimes"]), "reversals": _records_of(sel["reversals"]),
         "reversal_summary": _records_of(sel["reversal_summary"]),
         "norm_forgetting": _records_of(sel["norm_forgetting"]), "step_level": _records_of(sel["step_level"]),
-        "downloads": {name: w.table(sel[key], f"{s}-{key}") for name, key in (
-            ("method x regime", "methods"), ("Kendall tau", "tau"), ("rank reversals", "reversals"),
-            ("Friedman + CD", "friedman"), ("W across orders", "w_orders"),
-            ("norm vs forgetting", "norm_forgetting"), ("depth profile", "depth_profile"),
-            ("depth trend", "depth_trend"), ("step level", "step_level"), ("runs", "runs"))},
+        "downloads": {name: w.table(sel[key], f"{s}-{key}") for name, key in DATASET_DOWNLOADS if key in sel},
     }
     return w.page("dataset.html", f"dataset-{s}.html", **ctx)
 
 
-def _heatmap(tau: pd.DataFrame, regs) -> dict:
-    cells = []
-    for i, a in enumerate(regs):
-        for j, b in enumerate(regs):
-            row = tau[(tau["regime_a"] == a) & (tau["regime_b"] == b)]
-            v = _clean(row["tau"].iloc[0]) if len(row) else None
-            p = _clean(row["p"].iloc[0]) if len(row) else None
-            cells.append({"i": i, "j": j, "v": v, "p": p, "fill": _diverging(v),
-                          "n": int(row["n_methods"].iloc[0]) if len(row) else 0})
-    return {"cells": cells, "regs": regs}
+def _wilcoxon_decides(power: pd.DataFrame | None) -> bool:
+    """Whether the Holm-corrected Wilcoxon tests can call anything significant with these blocks."""
+    if power is None or power.empty:
+        return True
+    rows = power[power["test"] == "wilcoxon-holm"]
+    return bool(rows["reachable"].all())
 
 
-def _diverging(v) -> str:
-    """Blue for agreement (+1), red for reversal (-1), white for none; grey when undefined."""
-    if v is None:
-        return "#e5e5e5"
-    a = min(abs(v), 1.0)
-    base = (33, 102, 172) if v >= 0 else (178, 24, 43)
-    r, g, b = (round(255 + (c - 255) * a) for c in base)
-    return f"rgb({r},{g},{b})"
+def _grid(mt: pd.DataFrame, regs, degenerate: dict) -> dict:
+    """Method x regime cells (ACC, CI, forgetting, flags); the best mean ACC of each regime marked.
 
-
-def _rank_shift(mt: pd.DataFrame, regs) -> dict:
-    lines = []
-    methods = sorted(mt["method"].unique())
-    for k, m in enumerate(methods):
-        sub = mt[mt["method"] == m].set_index("regime")
-        pts = [{"x": i, "y": _clean(sub.at[r, "mean_rank"]) if r in sub.index else None} for i, r in enumerate(regs)]
-        lines.append({"method": m, "colour": METHOD_COLOURS[k % len(METHOD_COLOURS)], "pts": pts})
-    kmax = max([p["y"] for ln in lines for p in ln["pts"] if p["y"] is not None] + [2])
-    return {"lines": lines, "regs": regs, "kmax": math.ceil(kmax)}
-
-
-def _scatter(runs: pd.DataFrame, nf: pd.DataFrame, regs) -> list[dict]:
-    ok = runs[(runs["status"] == "ok")].dropna(subset=["mean_update_norm", "forgetting"])
-    panels = []
-    for r in regs:
-        sub = ok[ok["regime"] == r]
-        stat = nf[nf["regime"] == r]
-        pts = list(zip(sub["mean_update_norm"].tolist(), sub["forgetting"].tolist()))[:600]
-        panels.append({"regime": r, "pts": pts, "stat": _records_of(stat)[0] if len(stat) else None,
-                       "xr": _range([p[0] for p in pts]), "yr": _range([p[1] for p in pts])})
-    return panels
-
-
-def _range(v) -> list[float]:
-    if not v:
-        return [0.0, 1.0]
-    lo, hi = min(v), max(v)
-    pad = (hi - lo) * 0.05 or abs(hi) * 0.05 or 1.0
-    return [lo - pad, hi + pad]
-
-
-def _cd_diagrams(mt: pd.DataFrame, fr: pd.DataFrame, regs) -> list[dict]:
+    A degenerate regime marks no best: every method ties there.
+    """
+    rows = {m: {} for m in sorted(mt["method"].unique())}
+    for r in _records_of(mt):
+        rows[r["method"]][r["regime"]] = r
+    best = {}
+    for rg in regs:
+        accs = [c[rg]["acc"] for c in rows.values() if rg in c and c[rg]["acc"] is not None]
+        best[rg] = max(accs) if accs and rg not in degenerate else None
     out = []
-    for r in regs:
-        f = fr[fr["regime"] == r]
-        sub = mt[(mt["regime"] == r) & mt["mean_rank"].notna()].sort_values("mean_rank")
-        if f.empty or sub.empty:
+    for m, cells in rows.items():
+        out.append({"method": m, "cells": [_grid_cell(cells.get(rg), best[rg]) for rg in regs]})
+    return {"rows": out, "regs": [{"name": rg, "degenerate": degenerate.get(rg, "")} for rg in regs]}
+
+
+def _grid_cell(r: dict | None, best) -> dict | None:
+    """One grid cell: the metric row plus whether it holds the column's best mean ACC."""
+    if r is None:
+        return None
+    half = (r["acc_hi"] - r["acc_lo"]) / 2 if r["acc_hi"] is not None and r["acc_lo"] is not None else None
+    # Ties within float noise share the mark.
+    top = best is not None and r["acc"] is not None and r["acc"] >= best - 1e-12
+    return {**r, "half": half, "best": top}
+
+
+def _bayes_matrices(bayes: pd.DataFrame, regs) -> list[dict]:
+    """Per regime: the pairwise P(row better) / P(equal) / P(column better) matrix and the decided pairs."""
+    out = []
+    for rg in regs:
+        sub = _records_of(bayes[bayes["regime"] == rg])
+        if not sub:
             continue
-        f = _records_of(f)[0]
-        ranks = list(zip(sub["method"], sub["mean_rank"].astype(float)))
-        out.append({"regime": r, "k": len(ranks), "ranks": ranks, "cd": f["cd"], "f": f,
-                    "cliques": _cliques([v for _, v in ranks], f["cd"])})
+        methods = sorted({r["method_1"] for r in sub} | {r["method_2"] for r in sub})
+        cell = {}
+        for r in sub:  # both orientations: row i vs column j reads P(i better), P(equal), P(j better)
+            win = {"method_1": "row", "method_2": "col"}.get(r["decision"], r["decision"])
+            cell[(r["method_1"], r["method_2"])] = {"better": r["p_1"], "equal": r["p_rope"], "worse": r["p_2"],
+                                                    "decision": win, "diff": r["diff"], "n": r["n_blocks"]}
+            flip = {"row": "col", "col": "row"}.get(win, win)
+            cell[(r["method_2"], r["method_1"])] = {"better": r["p_2"], "equal": r["p_rope"], "worse": r["p_1"],
+                                                    "decision": flip, "diff": -r["diff"] if _ok(r["diff"]) else None,
+                                                    "n": r["n_blocks"]}
+        decided = [r for r in sub if r["decision"] in ("method_1", "method_2", "equal")]
+        out.append({"regime": rg, "methods": methods, "cell": {f"{a}\x00{b}": v for (a, b), v in cell.items()},
+                    "decided": decided, "n_pairs": len(sub), "rope": sub[0]["rope"]})
     return out
-
-
-def _cliques(sorted_ranks: list[float], cd) -> list[tuple[int, int]]:
-    """Maximal runs of methods whose mean ranks differ by less than CD (not significantly different)."""
-    if cd is None or len(sorted_ranks) < 2:
-        return []
-    spans = []
-    for i in range(len(sorted_ranks)):
-        j = i
-        while j + 1 < len(sorted_ranks) and sorted_ranks[j + 1] - sorted_ranks[i] < cd:
-            j += 1
-        if j > i and not any(a <= i and j <= b for a, b in spans):
-            spans.append((i, j))
-    return spans
 
 
 # ---------------------------------------------------------------- method page
 
-def _method_page(w: _Writer, t: dict, records, m: str) -> Path:
+def _method_page(w: _Writer, t: dict, records, m: str, infos: dict) -> Path:
     mine = [r for r in records if r.method == m]
     hparams = sorted({json.dumps(r.spec.hparams, sort_keys=True, default=str) for r in mine})
     subs = sorted({json.dumps(r.submission, sort_keys=True) for r in mine if r.submission})
     mt = t["methods"][t["methods"]["method"] == m]
     names = sorted({r.spec.method for r in mine})
-    ctx = {"title": m, "method": m, "names": names,
+    captions = {k: v for n in names for k, v in (infos.get(n, {}).get("captions") or {}).items()}
+    about = [{"name": n, "description": str(infos[n].get("description") or ""),
+              "reference": str(infos[n].get("reference") or "")} for n in names if n in infos]
+    ctx = {"title": m, "method": m, "names": names, "about": about,
            "hparams": [json.loads(h) for h in hparams], "submissions": [json.loads(s) for s in subs],
-           "rows": _records_of(mt), "diagnostics": _diagnostics(mine, w.base["regimes"], _captions(names)),
+           "rows": _records_of(mt), "diagnostics": _diagnostics(mine, w.base["regimes"], captions),
+           "sweeps": _sweeps(mine, w.base["regimes"], w.base["scale"], captions),
            "runs": _records_of(t["runs"][t["runs"]["method"] == m][["run_id", "dataset", "regime", "order", "seed", "status",
                                                                     "acc", "forgetting", "optimizer_steps", "n_warnings", "warning_codes"]]),
            "downloads": {"per-regime results": w.table(mt, f"method-{slug(m)}")}}
@@ -393,17 +493,6 @@ def _series(v) -> list | None:
     if isinstance(v, list) and v and all(x is None or _ok(x) for x in v):
         return [float(x) if x is not None else None for x in v]
     return None
-
-
-def _captions(method_names) -> dict:
-    """Diagnostic captions the adapters declare (methods.index: no torch import when cached)."""
-    from ..methods.index import method_infos
-
-    try:
-        infos = {m["name"]: m for m in method_infos()}
-    except Exception:  # a broken submission must not stop the site: captions are decoration
-        return {}
-    return {k: v for n in method_names for k, v in (infos.get(n, {}).get("captions") or {}).items()}
 
 
 def _caption(name: str, captions: dict) -> str:
@@ -434,7 +523,8 @@ def _diagnostics(mine: list[RunRecord], regimes, captions: dict | None = None) -
 
 
 def _flatten(k: str, v) -> list[tuple[str, list]]:
-    """Numeric diagnostics as named series: a number, a list of numbers, or a list of such lists."""
+    """Numeric diagnostics as named series: a number, a list of numbers, a list of such lists,
+    a dict of those, or a per-task list of dicts (one series per key). Sweeps are charts instead."""
     if _ok(v):
         return [(k, [float(v)])]
     s = _series(v)
@@ -445,7 +535,73 @@ def _flatten(k: str, v) -> list[tuple[str, list]]:
             [(f"{k} (mean of {len(v)})", _elementwise_mean([_series(x) for x in v]))]
     if isinstance(v, dict):
         return [pair for kk, vv in v.items() for pair in _flatten(f"{k}.{kk}", vv)]
-    return []
+    if _is_sweep(v) or not _per_task_dicts(v):
+        return []
+    keys = sorted({kk for x in v if isinstance(x, dict) for kk, vv in x.items() if _ok(vv)})
+    return [(f"{k}.{kk}", [float(x[kk]) if isinstance(x, dict) and _ok(x.get(kk)) else None for x in v])
+            for kk in keys]
+
+
+def _per_task_dicts(v) -> bool:
+    """A list of dicts (None allowed) with at least one dict: a per-task nested diagnostic."""
+    return isinstance(v, list) and any(isinstance(x, dict) for x in v) and all(x is None or isinstance(x, dict) for x in v)
+
+
+def _is_sweep(v) -> bool:
+    """A per-task list of {..., "grid": [{param: x, quantity: y}, ...]} (BECAME's alpha_sweep)."""
+    return _per_task_dicts(v) and all(isinstance(x.get("grid"), list) and x["grid"]
+                                      and all(isinstance(p, dict) for p in x["grid"])
+                                      for x in v if isinstance(x, dict))
+
+
+def _sweep_keys(entry: dict) -> tuple[str, str] | None:
+    """(swept parameter, measured quantity) of one sweep entry.
+
+    The parameter is the grid key the entry also records as a scalar (BECAME: `alpha`, the chosen value).
+    """
+    keys = sorted({k for p in entry["grid"] for k, v in p.items() if _ok(v)})
+    if len(keys) < 2:
+        return None
+    x = next((k for k in keys if _ok(entry.get(k))), "alpha" if "alpha" in keys else keys[0])
+    return x, next(k for k in keys if k != x)
+
+
+def _sweeps(mine: list[RunRecord], regimes, scale: float, captions: dict | None = None) -> list[dict]:
+    """Swept diagnostics as charts: per (key, dataset, regime), the mean curve of each task over runs."""
+    slots: dict = {}
+    for r in mine:
+        if not r.ok:
+            continue
+        for k, v in (r.diagnostics or {}).items():
+            if _is_sweep(v):
+                _add_sweep(slots, (k, r.dataset, r.spec.regime), v)
+    pos = {r: i for i, r in enumerate(regimes)}
+    out = []
+    for (k, ds, rg), slot in sorted(slots.items(), key=lambda kv: (kv[0][0], kv[0][1], pos.get(kv[0][2], 99))):
+        if slot["tasks"]:
+            out.append({"key": k, "dataset": ds, "regime": rg, "caption": _caption(k, captions or {}),
+                        **charts.sweep_panel(slot, scale)})
+    return out
+
+
+def _add_sweep(slots: dict, key: tuple, v: list) -> None:
+    """Accumulate one run's sweep: y values per (task, x), recorded scalars (chosen value, closed form)."""
+    for t, entry in enumerate(v):
+        keys = _sweep_keys(entry) if isinstance(entry, dict) else None
+        if keys is None:
+            continue
+        xk, yk = keys
+        slot = slots.setdefault(key, {"x": xk, "y": yk, "tasks": {}, "percent": yk.startswith("acc")})
+        if (xk, yk) != (slot["x"], slot["y"]):
+            continue  # another shape in the same key: not averaged with the first one
+        task = slot["tasks"].setdefault(t + 1, {"pts": {}, "marks": {}, "n": 0})
+        task["n"] += 1
+        for p in entry["grid"]:
+            if _ok(p.get(xk)) and _ok(p.get(yk)):
+                task["pts"].setdefault(round(float(p[xk]), 9), []).append(float(p[yk]))
+        for name, val in entry.items():
+            if name != "grid" and _ok(val):
+                task["marks"].setdefault(name, []).append(float(val))
 
 
 def _elementwise_mean(lists: list[list]) -> list:
@@ -465,12 +621,65 @@ def _run_page(w: _Writer, rec: RunRecord, base: dict) -> Path:
     ctx = {"title": f"run {rid}", "rec": rec, "spec": rec.spec.to_dict(),
            "cmd": reproduce_command(rid, base["results_dir"]),
            "method": rec.method, "dataset": rec.dataset,
-           "matrix": _matrix_cells(rec.acc_matrix or []),
+           "matrices": _matrices(rec), "metric_rows": _metric_rows(rec),
            "norm_rows": _norm_rows(norms), "shared": _series(norms.get("shared")) or [],
-           "metrics": rec.metrics or {}, "diagnostics": [
-               (name, s) for k, v in (rec.diagnostics or {}).items() for name, s in _flatten(k, v)],
+           "diagnostics": [(name, s) for k, v in (rec.diagnostics or {}).items() for name, s in _flatten(k, v)],
+           "sweeps": _sweeps([rec], base["regimes"], base["scale"]) if _has_sweep(rec) else [],
+           "timings": _timings(rec.timings or {}), "provenance": _provenance(rec.provenance or {}),
            "warnings": _warning_rows(rec.warnings), "budget": _budget_rows(rec.budget or {})}
     return w.page("run.html", f"runs/{slug(rid)}.html", **ctx)
+
+
+def _has_sweep(rec: RunRecord) -> bool:
+    return any(_is_sweep(v) for v in (rec.diagnostics or {}).values())
+
+
+def _matrices(rec: RunRecord) -> list[dict]:
+    """The accuracy matrix; for a class-IL run also the task-aware (masked) one, labelled."""
+    aware = getattr(rec, "acc_matrix_task_aware", None)
+    if aware is None:
+        return [{"label": "", "m": charts.matrix_cells(rec.acc_matrix or []), "slug": "accuracy-matrix"}]
+    return [{"label": "class-IL (no task id at test time)", "m": charts.matrix_cells(rec.acc_matrix or []),
+             "slug": "accuracy-matrix-class-il"},
+            {"label": "task-aware (predictions masked to the task's classes)", "m": charts.matrix_cells(aware),
+             "slug": "accuracy-matrix-task-aware"}]
+
+
+def _metric_rows(rec: RunRecord) -> list[dict]:
+    """Per-run metrics (and, for class-IL runs, their task-aware counterparts) as labelled rows."""
+    rows = [{"label": "class-IL" if getattr(rec, "acc_matrix_task_aware", None) is not None else "",
+             "metrics": rec.metrics or {}}]
+    aware = getattr(rec, "metrics_task_aware", None)
+    if isinstance(aware, dict) and aware:
+        rows.append({"label": "task-aware", "metrics": aware})
+    keys = list(dict.fromkeys(k for r in rows for k in r["metrics"]))
+    return [{**r, "keys": keys} for r in rows if r["metrics"]]
+
+
+def _timings(timings: dict) -> list[tuple[str, str]]:
+    """Timings as (name, text): seconds to 2 decimals, per-task lists joined."""
+    out = []
+    for k, v in timings.items():
+        if _ok(v):
+            out.append((k, f"{v:.2f}"))
+        elif isinstance(v, list):
+            out.append((k, ", ".join(f"{x:.2f}" if _ok(x) else "—" for x in v)))
+        else:
+            out.append((k, json.dumps(v, default=str)))
+    return out
+
+
+def _provenance(prov: dict) -> list[dict]:
+    """Provenance rows: text, a flat mapping as inline pairs, anything nested as a JSON box."""
+    rows = []
+    for k, v in prov.items():
+        if isinstance(v, dict) and all(not isinstance(x, (dict, list)) for x in v.values()):
+            rows.append({"key": k, "pairs": [(kk, "" if vv is None else str(vv)) for kk, vv in v.items()]})
+        elif isinstance(v, (dict, list)):
+            rows.append({"key": k, "json": v})
+        else:
+            rows.append({"key": k, "text": "" if v is None else str(v)})
+    return rows
 
 
 def _warning_rows(warnings: list) -> list[dict]:
@@ -498,24 +707,6 @@ def _stages(epochs) -> str:
 def _at(seq: list, i: int):
     """seq[i], or None past its end (a failed run's budget stops at its last task)."""
     return seq[i] if i < len(seq) else None
-
-
-def _matrix_cells(R: list) -> dict:
-    cells = []
-    for i, row in enumerate(R):
-        for j, v in enumerate(row or []):
-            v = v if _ok(v) else None
-            a = 0.0 if v is None else max(0.0, min(1.0, v if v <= 1.5 else v / 100))
-            cells.append({"i": i, "j": j, "v": v, "fill": _sequential(a) if v is not None else "#e5e5e5",
-                          "dark": a > 0.6})
-    n = max([len(R)] + [len(r or []) for r in R])
-    return {"cells": cells, "rows": len(R), "cols": n}
-
-
-def _sequential(a: float) -> str:
-    """White -> dark teal for accuracy 0 -> 1."""
-    lo, hi = (247, 252, 253), (0, 88, 100)
-    return "rgb({},{},{})".format(*(round(l + (h - l) * a) for l, h in zip(lo, hi)))
 
 
 def _norm_rows(norms: dict) -> list[tuple[str, list]]:
