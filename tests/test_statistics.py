@@ -234,3 +234,15 @@ def test_one_block_decides_nothing_even_when_every_method_ties():
     table = bayes_table(Cells(frame), rope=0.01)
     assert (table["p_rope"] == 1.0).all()  # what the test says of one tied block ...
     assert (table["decision"] == "undecided").all()  # ... is no evidence: 1 block cannot reach 0.95
+
+
+def test_headline_reports_the_strongest_flips_and_whether_wilcoxon_can_decide():
+    base = [0.90, 0.91, 0.92, 0.93, 0.94]
+    scores = {}
+    for i, m in enumerate(("naive", "lwf", "gpm", "ewc")):
+        scores[("last-1", m)] = [a - 0.03 * i for a in base]
+        scores[("full", m)] = [a - 0.03 * (3 - i) for a in base]
+    h = headline(analyse(_records(scores)))
+    assert not h["wilcoxon_decides"]  # 5 orders: p >= 0.0625 for any pair
+    strengths = [r["strength"] for r in h["top_reversals"]]
+    assert len(strengths) == 3 and strengths == sorted(strengths, reverse=True) and strengths[0] >= 0.95

@@ -373,7 +373,7 @@ def _budget_summary(budget: pd.DataFrame) -> dict:
 DATASET_DOWNLOADS = (("method x regime", "methods"), ("Kendall tau", "tau"), ("rank reversals", "reversals"),
                      ("credible reversals", "credible_reversals"), ("Bayesian comparisons", "bayes"),
                      ("design power", "power"), ("degenerate regimes", "degenerate"), ("accuracy curves", "curves"),
-                     ("Friedman + CD", "friedman"), ("W across orders", "w_orders"),
+                     ("Friedman + CD", "friedman"), ("Nemenyi pairwise p", "nemenyi"), ("W across orders", "w_orders"),
                      ("norm vs forgetting", "norm_forgetting"), ("depth profile", "depth_profile"),
                      ("depth trend", "depth_trend"), ("step level", "step_level"), ("runs", "runs"))
 
