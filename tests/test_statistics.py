@@ -246,3 +246,18 @@ def test_headline_reports_the_strongest_flips_and_whether_wilcoxon_can_decide():
     assert not h["wilcoxon_decides"]  # 5 orders: p >= 0.0625 for any pair
     strengths = [r["strength"] for r in h["top_reversals"]]
     assert len(strengths) == 3 and strengths == sorted(strengths, reverse=True) and strengths[0] >= 0.95
+
+
+def test_class_il_cells_show_the_task_aware_view_too(tmp_path):
+    from harness.outputs.site import build_site
+
+    recs = [record_from({"spec": _spec(method=m, order=o, scenario="class-il").to_dict(), "run_id": f"{m}{o}",
+                         "metrics": {"acc": 0.5 + 0.01 * o, "forgetting": 0.4},
+                         "metrics_task_aware": {"acc": 0.9 + 0.01 * o, "forgetting": 0.05}})
+            for m in "ab" for o in range(3)]
+    t = analyse(recs)
+    row = t["methods"].iloc[0]
+    assert row["acc_task_aware"] == pytest.approx(0.91) and row["acc"] == pytest.approx(0.51)
+    index = build_site(recs, tmp_path / "site")
+    page = next(index.parent.glob("dataset-*.html")).read_text()
+    assert "TA 91.0/5.0" in page and "evaluated task-aware" in page

@@ -11,7 +11,8 @@ from harness.analysis.degenerate import degenerate_regimes, degenerate_table
 from harness.analysis.frame import percent_scale, records_to_frame, regime_order, warning_codes
 from harness.config.vocabulary import METRICS
 
-VALUES = (*METRICS, "mean_update_norm", "drift")
+# acc/forgetting_task_aware: class-IL runs' masked (task-id given) view; NaN for task-IL runs
+VALUES = (*METRICS, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware")
 BUDGET = ("optimizer_steps", "samples_seen")  # mean only: a budget is set by the protocol, not sampled
 
 

@@ -210,7 +210,7 @@ def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | No
             "method_colour": {m: METHOD_COLOURS[i % len(METHOD_COLOURS)] for i, m in enumerate(methods)},
             "datasets": sorted(frame["dataset"].unique()), "methods": methods,
             "results_dir": results_dir, "include_flagged": include_flagged, "flag": FLAG,
-            "warning_text": WARNINGS, "rope": rope}
+            "warning_text": WARNINGS, "scenarios": sorted({r.spec.scenario for r in records}), "rope": rope}
     with _Writer(out, _env(), base) as w:  # on leaving: files of the previous build not rewritten go
         index = _overview(w, tables, records)
         for ds in base["datasets"]:
