@@ -34,12 +34,12 @@ BAD_ARGS = [
     (["list", "gizmos"], "invalid choice: 'gizmos'"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
     (["leaderboard", "--results", "/nonexistent/results"], "no records found under /nonexistent/results"),
-    (["leaderboard", "--rope", "-0.5"], "--rope: expected a finite number >= 0 of ACC points, got '-0.5'"),
-    (["leaderboard", "--rope", "one"], "--rope: expected a finite number >= 0 of ACC points, got 'one'"),
-    (["run", "--protocol", "smoke", "--rope", "inf"], "--rope: expected a finite number >= 0 of ACC points, got 'inf'"),
+    (["leaderboard", "--rope", "-0.5"], "--rope: expected a finite number > 0 of ACC points, got '-0.5'"),
+    (["leaderboard", "--rope", "one"], "--rope: expected a finite number > 0 of ACC points, got 'one'"),
+    (["run", "--protocol", "smoke", "--rope", "inf"], "--rope: expected a finite number > 0 of ACC points, got 'inf'"),
     (["report", "--results", "/nonexistent/results", "--format", "latex"],
      "--results: no records found under /nonexistent/results"),
-    (["report", "--format", "latex", "--rope", "nan"], "--rope: expected a finite number >= 0 of ACC points"),
+    (["report", "--format", "latex", "--rope", "nan"], "--rope: expected a finite number > 0 of ACC points"),
     (["report", "--format", "pdf"], "--format: invalid choice: 'pdf'"),
     (["figures", "--results", "/nonexistent/results", "--out", "/nonexistent/figs"],
      "--results: no records found under /nonexistent/results"),
@@ -95,7 +95,10 @@ def test_rope_flag_parses_in_acc_points(argv):
 
     assert request_from_args(build_parser().parse_args(argv)).rope == 1.0
     assert request_from_args(build_parser().parse_args([*argv, "--rope", "0.25"])).rope == 0.25
-    assert request_from_args(build_parser().parse_args([*argv, "--rope", "0"])).rope == 0.0
+    from harness.cli.parser import UsageError
+
+    with pytest.raises(UsageError, match="--rope: expected a finite number > 0"):
+        build_parser().parse_args([*argv, "--rope", "0"])
 
 
 def test_report_and_figures_requests():

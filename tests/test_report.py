@@ -307,7 +307,7 @@ def test_report_command_writes_latex_to_out(results, tmp_path, capsys):
     (["--results", "{missing}", "--format", "latex"], "cl-bench: error: --results: no records found under"),
     (["--results", "{results}", "--format", "html"], "argument --format: invalid choice: 'html'"),
     (["--results", "{results}", "--format", "latex", "--rope", "-1"],
-     "argument --rope: expected a finite number >= 0 of ACC points, got '-1'"),
+     "argument --rope: expected a finite number > 0 of ACC points, got '-1'"),
     (["--results", "{results}", "--format", "latex", "--rope", "nan"], "argument --rope: expected a finite number"),
     (["--results", "{results}", "--format", "latex", "--rope", "1e999"], "argument --rope: expected a finite number"),
     (["--results", "{results}", "--format", "latex", "--metric", "speed"], "argument --metric: invalid choice"),

@@ -261,3 +261,28 @@ def test_class_il_cells_show_the_task_aware_view_too(tmp_path):
     index = build_site(recs, tmp_path / "site")
     page = next(index.parent.glob("dataset-*.html")).read_text()
     assert "TA 91.0/5.0" in page and "evaluated task-aware" in page
+
+
+def test_near_ties_of_a_degenerate_regime_are_not_counted_as_reversals():
+    base = [0.90, 0.91, 0.92, 0.93, 0.94]
+    scores = {("head", "a"): [v + 1e-7 for v in base], ("head", "b"): base, ("head", "c"): base}
+    for i, m in enumerate("abc"):
+        scores[("last-1", m)] = [v - 0.03 * i for v in base]
+        scores[("full", m)] = [v - 0.03 * (2 - i) for v in base]
+    t = analyse(_records(scores))
+    assert t["degenerate"].set_index("regime").at["head", "degenerate"]
+    assert "head" not in set(t["reversals"]["regime_a"]) | set(t["reversals"]["regime_b"])
+    h = headline(t)
+    assert h["reversals"] == 3 and h["pairs_compared"] == 3  # last-1 vs full only
+
+
+def test_signed_rank_refuses_what_baycomp_would_not_compute():
+    with pytest.raises(ValueError):
+        bayes.signed_rank_probs([0.9, math.nan], [0.8, 0.8], 0.01)
+    with pytest.raises(ValueError):
+        bayes.signed_rank_probs([0.9], [0.8], -0.01)
+
+
+def test_power_of_tests_that_do_not_exist():
+    assert power.friedman_floor(10, 2) == 1.0  # Friedman needs 3 methods
+    assert power.wilcoxon_floor(10, 0) == 1.0  # no pair, nothing to call significant

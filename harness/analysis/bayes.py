@@ -50,6 +50,8 @@ def signed_rank_probs(x, y, rope: float = 0.0, *, prior: float = PRIOR,
     x, y = np.asarray(x, float), np.asarray(y, float)
     if x.shape != y.shape or x.ndim != 1 or x.size == 0:
         raise ValueError("x and y must be 1-D arrays of the same non-zero length")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()) or not rope >= 0:
+        raise ValueError("scores must be finite and the rope >= 0")
     diff = np.concatenate([[0.0], y - x])
     order = np.argsort(diff, kind="stable")
     d = diff[order]

@@ -21,7 +21,11 @@ def seen_task_accuracy(matrix) -> list[float]:
 
 
 def task_curves(records, seed: int = stats.SEED) -> pd.DataFrame:
-    """Per (dataset, regime, method, task): mean a_t over ok runs with a bootstrap CI over runs."""
+    """Per (dataset, regime, method, task): mean a_t over ok runs with a bootstrap CI over runs.
+
+    Like the metric tables (and unlike the rankings), flagged runs are included: a curve shows
+    what was measured, the flag marks say where.
+    """
     groups: dict[tuple, list[list[float]]] = {}
     for rec in records:
         if rec.ok and rec.acc_matrix:

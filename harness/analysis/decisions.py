@@ -27,13 +27,13 @@ def rope_fraction(rope_points: float, scale: float) -> float:
     return rope_points / scale
 
 
-def _pairs(om: pd.DataFrame, dataset: str, regime: str, rope: float) -> list[dict]:
+def _pairs(om: pd.DataFrame, dataset: str, regime: str, rope: float, seed: int) -> list[dict]:
     # Too few blocks to ever call a winner: decide nothing. The prior's pseudo-observation sits
     # at 0, inside the ROPE, so one block of ties would otherwise read "equal" with P = 1.
     can_decide = bayes.max_attainable(len(om), rope) >= bayes.CREDIBLE
     rows = []
     for a, b in itertools.combinations(sorted(om.columns), 2):
-        p1, pr, p2 = bayes.signed_rank_probs(om[a].to_numpy(), om[b].to_numpy(), rope)
+        p1, pr, p2 = bayes.signed_rank_probs(om[a].to_numpy(), om[b].to_numpy(), rope, seed=seed)
         rows.append({"dataset": dataset, "regime": regime, "method_1": a, "method_2": b,
                      "n_blocks": len(om), "diff": float((om[a] - om[b]).mean()), "p_1": p1,
                      "p_rope": pr, "p_2": p2, "rope": rope,
@@ -41,8 +41,12 @@ def _pairs(om: pd.DataFrame, dataset: str, regime: str, rope: float) -> list[dic
     return rows
 
 
-def _pooled(cells: Cells, regime: str) -> pd.DataFrame:
-    """(dataset, order) x method scores of one regime, for methods complete on every dataset."""
+def pooled_blocks(cells: Cells, regime: str) -> pd.DataFrame:
+    """(dataset, order) x method scores of one regime, for methods complete on every dataset.
+
+    Pooled, not hierarchical: the orders of one data set are treated as exchangeable with
+    those of another (baycomp's hierarchical test needs Stan; see the README).
+    """
     dss = [ds for ds in cells.datasets if regime in cells.regimes(ds)]
     keep = None
     for ds in dss:
@@ -54,18 +58,18 @@ def _pooled(cells: Cells, regime: str) -> pd.DataFrame:
     return pd.concat([cells.orders(ds, regime, keep) for ds in dss], ignore_index=True)
 
 
-def bayes_table(cells: Cells, rope: float) -> pd.DataFrame:
+def bayes_table(cells: Cells, rope: float, seed: int = bayes.SEED) -> pd.DataFrame:
     """P(method_1 better), P(equal), P(method_2 better) per pair, per (dataset, regime) and pooled."""
     rows = []
     for ds in cells.datasets:
         for rg in cells.regimes(ds):
             keep, _ = cells.complete_across(ds, [rg])
             if len(keep) >= 2:
-                rows += _pairs(cells.orders(ds, rg, keep), ds, rg, rope)
+                rows += _pairs(cells.orders(ds, rg, keep), ds, rg, rope, seed)
     for rg in cells.regime_order:
-        om = _pooled(cells, rg)
+        om = pooled_blocks(cells, rg)
         if not om.empty:
-            rows += _pairs(om, ALL, rg, rope)
+            rows += _pairs(om, ALL, rg, rope, seed)
     return pd.DataFrame(rows, columns=BAYES_COLUMNS)
 
 

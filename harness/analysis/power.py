@@ -32,12 +32,13 @@ class TestDesign:
 
 def wilcoxon_floor(n: int, comparisons: int = 1) -> float:
     """Smallest Holm-adjusted exact two-sided Wilcoxon p over n blocks: m · 2 / 2^n (capped at 1)."""
-    return 1.0 if n < 1 else min(1.0, comparisons * 2.0 ** (1 - n))
+    return 1.0 if n < 1 or comparisons < 1 else min(1.0, comparisons * 2.0 ** (1 - n))
 
 
 def friedman_floor(n: int, k: int) -> float:
     """Smallest Friedman p: every block ranks the k items the same way (chi2 = n (k - 1))."""
-    return 1.0 if n < 2 or k < 2 else float(sps.chi2.sf(n * (k - 1), k - 1))
+    # scipy's Friedman test needs 3 items (stats.friedman returns NaN below): never decides
+    return 1.0 if n < 2 or k < 3 else float(sps.chi2.sf(n * (k - 1), k - 1))
 
 
 def nemenyi_floor(n: int, k: int) -> float:
@@ -154,23 +155,25 @@ def observed_power(cells, skip: dict, rope: float, alpha: float = ALPHA) -> "pd.
     import pandas as pd
 
     from harness.analysis.coverage import complete
-    from harness.analysis.decisions import ALL
+    from harness.analysis.decisions import ALL, pooled_blocks
 
     rows = []
     for ds in cells.datasets:
         regs = [r for r in cells.regimes(ds) if r not in skip.get(ds, {})]
         for rg in cells.regimes(ds):
             keep, _ = complete(cells.mat(ds, rg))
-            n = len(cells.orders(ds, rg, keep)) if keep else 0
+            if len(keep) < 2:  # nothing is compared there: no test, no power to state
+                continue
+            n = len(cells.orders(ds, rg, keep))
             for d in design_tests(n, len(keep), len(regs))[:4]:
                 rows.append({"dataset": ds, "regime": rg, **power_row(d, rope, alpha)})
-        keep, _ = cells.complete_across(ds, regs)
-        for d in design_tests(0, len(keep), len(regs))[4:]:
-            rows.append({"dataset": ds, "regime": ALL, **power_row(d, rope, alpha)})
+        keep, _ = cells.complete_across(ds, regs) if regs else ([], [])
+        if len(regs) >= 2 and len(keep) >= 2:
+            for d in design_tests(0, len(keep), len(regs))[4:]:
+                rows.append({"dataset": ds, "regime": ALL, **power_row(d, rope, alpha)})
     for rg in cells.regime_order:
-        dss = [ds for ds in cells.datasets if rg in cells.regimes(ds)]
-        if len(dss) >= 2:
-            n = sum(len(cells.orders(ds, rg, complete(cells.mat(ds, rg))[0])) for ds in dss)
+        n = len(pooled_blocks(cells, rg))
+        if n:
             rows.append({"dataset": ALL, "regime": rg, **power_row(TestDesign("bayes-signed-rank", n, 2), rope, alpha)})
     cols = ["dataset", "regime", "test", "n_blocks", "n_items", "n_comparisons", "min_p", "max_prob",
             "alpha", "threshold", "reachable", "blocks_needed", "message"]

@@ -172,12 +172,16 @@ def pairwise_wilcoxon(cells: Cells, dataset: str, regime: str, methods: list[str
                          "p": p, "p_holm": stats.holm(p)})
 
 
-def rank_reversals(frame: pd.DataFrame, cells: Cells | None = None, alpha: float = 0.05) -> pd.DataFrame:
-    """Method pairs whose mean-ACC order flips between two regimes; significant = Holm p < alpha in both."""
+def rank_reversals(frame: pd.DataFrame, cells: Cells | None = None, alpha: float = 0.05,
+                   skip: dict | None = None) -> pd.DataFrame:
+    """Method pairs whose mean-ACC order flips between two regimes; significant = Holm p < alpha in both.
+
+    skip: {dataset: {regime: reason}} regimes left out (degenerate ones: their flips are noise).
+    """
     c = _cells(frame, cells)
     rows = []
     for ds in c.datasets:
-        regs = c.regimes(ds)
+        regs = [r for r in c.regimes(ds) if r not in _skipped(skip, ds)]
         keep, _ = c.complete_across(ds, regs)
         tests = {r: pairwise_wilcoxon(c, ds, r, keep).set_index(["method_1", "method_2"]) for r in regs}
         for a, b in itertools.combinations(regs, 2):
@@ -193,12 +197,14 @@ def rank_reversals(frame: pd.DataFrame, cells: Cells | None = None, alpha: float
                                        "diff_a", "diff_b", "p_holm_a", "p_holm_b", "significant_both"])
 
 
-def reversal_summary(frame: pd.DataFrame, reversals: pd.DataFrame, cells: Cells | None = None) -> pd.DataFrame:
-    """Per (dataset, regime pair): method pairs compared, order flips, flips significant in both."""
+def reversal_summary(frame: pd.DataFrame, reversals: pd.DataFrame, cells: Cells | None = None,
+                     skip: dict | None = None) -> pd.DataFrame:
+    """Per (dataset, regime pair): method pairs compared, order flips, flips significant in both
+    (skipped regimes, as in rank_reversals, are left out)."""
     c = _cells(frame, cells)
     rows = []
     for ds in c.datasets:
-        regs = c.regimes(ds)
+        regs = [r for r in c.regimes(ds) if r not in _skipped(skip, ds)]
         keep, out = c.complete_across(ds, regs)
         for a, b in itertools.combinations(regs, 2):
             sel = reversals[(reversals["dataset"] == ds) & (reversals["regime_a"] == a)

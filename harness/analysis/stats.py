@@ -213,7 +213,11 @@ def _tau_statistic(x, y, axis=-1):
 
 def tau_permutation_test(x, y, n_perm: int = 10000, seed: int = SEED) -> tuple[float, float]:
     """tau_b and its two-sided permutation p-value: scipy.stats.permutation_test permuting y
-    against a fixed x (exact enumeration of the n! pairings up to 8 items, else n_perm seeded ones)."""
+    against a fixed x (exact enumeration of the n! pairings up to 8 items, else n_perm seeded ones).
+
+    Two-sided is scipy's: twice the smaller one-sided p (capped at 1). With tied scores the null
+    distribution is not symmetric, and this is the more conservative of the usual conventions.
+    """
     x, y = np.asarray(x, float), np.asarray(y, float)
     tau = kendall_tau_b(x, y)
     if math.isnan(tau):

@@ -95,9 +95,9 @@ def analyse(records, seed: int = stats.SEED, include_flagged: bool = False,
     degenerate = degenerate_table(frame, cells)
     skip = degenerate_regimes(degenerate)
     rope_acc = decisions.rope_fraction(rope, percent_scale(frame))
-    bayes = decisions.bayes_table(cells, rope_acc)
+    bayes = decisions.bayes_table(cells, rope_acc, seed)
     credible = decisions.credible_reversals(bayes, regime_order(frame), {**skip, decisions.ALL: _everywhere(skip, cells)})
-    reversals = _with_credible(ranks.rank_reversals(frame, cells), credible, bayes)
+    reversals = _with_credible(ranks.rank_reversals(frame, cells, skip=skip), credible, bayes)
     return {
         "runs": frame,
         "coverage": coverage_table(frame),
@@ -108,7 +108,7 @@ def analyse(records, seed: int = stats.SEED, include_flagged: bool = False,
         "w_regimes": ranks.w_across_regimes(frame, cells, skip),
         "w_orders": ranks.w_across_orders(frame, cells),
         "reversals": reversals,
-        "reversal_summary": ranks.reversal_summary(frame, reversals, cells),
+        "reversal_summary": ranks.reversal_summary(frame, reversals, cells, skip),
         "friedman": ranks.friedman_table(frame, cells),
         "nemenyi": ranks.nemenyi_table(frame, cells),
         "bayes": bayes,

@@ -60,7 +60,7 @@ SUBMIT_EXAMPLES = """examples:
 
 
 ROPE_HELP = ("region of practical equivalence of the Bayesian method comparison, in ACC points "
-             "(a finite number >= 0; default 1.0)")
+             "(a finite number > 0; default 1.0)")
 REPORT_FORMATS = ("latex", "markdown")
 FIGURE_FORMATS = ("pdf", "png")
 INCLUDE_FLAGGED_HELP = ("rank flagged runs too (records with learning-check warnings; "
@@ -113,8 +113,9 @@ def _rope(value: str) -> float:
         number = float(value)
     except ValueError:
         number = math.nan
-    if not math.isfinite(number) or number < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0 of ACC points, got {value!r}")
+    # 0 is refused: without a ROPE, two tied methods are split by float rounding (baycomp too)
+    if not math.isfinite(number) or number <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0 of ACC points, got {value!r}")
     return number
 
 
