@@ -127,7 +127,9 @@ def test_grid_cell_shows_acc_ci_forgetting_and_marks_the_best(built, records):
     a = top.loc["head"]  # A in head (its mean over the four orders and the class-IL copy)
     assert a["method"] == "A" and best[0] == (f"{a['acc'] * 100:.1f}", f"{(a['acc_hi'] - a['acc_lo']) * 50:.1f}")
     assert html.count('class="best-mark"') == 3
-    assert f'<span class="fg">F {a["forgetting"] * 100:.1f}</span>' in html  # forgetting under the ACC
+    assert f'<span class="fg">F {a["forgetting"] * 100:.1f}' in html  # forgetting under the ACC
+    if a["acc_task_aware"] == a["acc_task_aware"]:  # the class-IL copy: its task-aware view beside it
+        assert f'TA {a["acc_task_aware"] * 100:.1f}/' in html
 
 
 def test_long_list_is_collapsible_and_keeps_its_download(built):

@@ -286,3 +286,18 @@ def test_signed_rank_refuses_what_baycomp_would_not_compute():
 def test_power_of_tests_that_do_not_exist():
     assert power.friedman_floor(10, 2) == 1.0  # Friedman needs 3 methods
     assert power.wilcoxon_floor(10, 0) == 1.0  # no pair, nothing to call significant
+
+
+def test_a_regime_where_every_pair_is_practically_equal_is_degenerate():
+    base = [0.90, 0.91, 0.92, 0.93, 0.94]
+    wiggle = [0.001, -0.001, 0.002, 0.0, -0.002]
+    scores = {("head", m): [b + k * w for b, w in zip(base, wiggle)] for k, m in enumerate("abc")}
+    for i, m in enumerate("abc"):
+        scores[("full", m)] = [v - 0.03 * i for v in base]
+    t = analyse(_records(scores))
+    deg = t["degenerate"].set_index("regime")
+    assert deg.at["head", "degenerate"] and "practically equal" in deg.at["head", "reason"]
+    assert deg.at["head", "largest_tie"] == 1  # not identical: the ROPE decided it
+    assert not deg.at["full", "degenerate"]
+    narrow = analyse(_records(scores), rope=0.01)["degenerate"].set_index("regime")
+    assert not narrow.at["head", "degenerate"]  # a 0.01-point ROPE: the wiggles are real differences

@@ -3,6 +3,10 @@
 Example: `head` under task-IL with first-task pretraining, where most methods only differ
 in how they treat the shared body, which does not train. Such a regime is shown, and left
 out of tau, W and the headline with its reason.
+
+"The same" has two tolerances: identical within TOLERANCE in every task order, or every pair
+of methods practically equal by the Bayesian signed-rank test (P(within the ROPE) >= 0.95):
+a ranking of methods that are credibly equivalent is noise, whatever its tau.
 """
 from __future__ import annotations
 
@@ -25,8 +29,18 @@ def tie_groups(om: pd.DataFrame, tol: float) -> list[list[str]]:
     return sorted(groups, key=len, reverse=True)
 
 
-def degenerate_table(frame: pd.DataFrame, cells: Cells, tolerance: float = TOLERANCE) -> pd.DataFrame:
-    """Per (dataset, regime): whether every complete method ties, the largest tie group, and why."""
+def _all_equal(bayes: pd.DataFrame | None, dataset: str, regime: str, n_methods: int) -> bool:
+    """Whether the Bayesian table decides every pair of the cell's methods 'equal'."""
+    if bayes is None or bayes.empty or n_methods < 2:
+        return False
+    sub = bayes[(bayes["dataset"] == dataset) & (bayes["regime"] == regime)]
+    return len(sub) == n_methods * (n_methods - 1) // 2 and bool((sub["decision"] == "equal").all())
+
+
+def degenerate_table(frame: pd.DataFrame, cells: Cells, tolerance: float = TOLERANCE,
+                     bayes: pd.DataFrame | None = None, rope_points: float | None = None) -> pd.DataFrame:
+    """Per (dataset, regime): whether every complete method ties (identically, or practically by
+    the Bayesian table when given), the largest identical group, and why."""
     tol = tolerance * (1.0 if percent_scale(frame) == 100.0 else 100.0)
     rows = []
     for ds in cells.datasets:
@@ -36,9 +50,12 @@ def degenerate_table(frame: pd.DataFrame, cells: Cells, tolerance: float = TOLER
             groups = tie_groups(om, tol) if keep else []
             largest = groups[0] if groups else []
             spread = float((om.max(axis=1) - om.min(axis=1)).max()) if keep else float("nan")
-            degenerate = len(keep) >= 2 and len(largest) == len(keep)
-            reason = (f"all {len(keep)} methods score within {tol:g} of each other in every task order"
-                      if degenerate else "")
+            identical = len(keep) >= 2 and len(largest) == len(keep)
+            equivalent = not identical and _all_equal(bayes, ds, rg, len(keep))
+            degenerate = identical or equivalent
+            reason = (f"all {len(keep)} methods score within {tol:g} of each other in every task order" if identical
+                      else f"every pair of the {len(keep)} methods is practically equal (Bayesian signed-rank, "
+                           f"ROPE {rope_points:g} ACC point{'' if rope_points == 1 else 's'}, P >= 0.95)" if equivalent else "")
             rows.append({"dataset": ds, "regime": rg, "n_methods": len(keep), "degenerate": degenerate,
                          "largest_tie": len(largest), "tied": ", ".join(largest) if len(largest) > 1 else "",
                          "spread": spread, "reason": reason})

@@ -92,10 +92,10 @@ def analyse(records, seed: int = stats.SEED, include_flagged: bool = False,
     cells = Cells(frame)
     mt = metric_table(frame, seed)
     mr = ranks.mean_ranks(frame, cells, seed)
-    degenerate = degenerate_table(frame, cells)
-    skip = degenerate_regimes(degenerate)
     rope_acc = decisions.rope_fraction(rope, percent_scale(frame))
     bayes = decisions.bayes_table(cells, rope_acc, seed)
+    degenerate = degenerate_table(frame, cells, bayes=bayes, rope_points=rope)
+    skip = degenerate_regimes(degenerate)
     credible = decisions.credible_reversals(bayes, regime_order(frame), {**skip, decisions.ALL: _everywhere(skip, cells)})
     reversals = _with_credible(ranks.rank_reversals(frame, cells, skip=skip), credible, bayes)
     return {
@@ -212,6 +212,8 @@ def power_summary(frame: pd.DataFrame, rope: float = decisions.ROPE_POINTS) -> l
     if frame.empty:
         return []
     cells = Cells(frame)
-    skip = degenerate_regimes(degenerate_table(frame, cells))
-    rows = power.observed_power(cells, skip, decisions.rope_fraction(rope, percent_scale(frame)))
+    rope_acc = decisions.rope_fraction(rope, percent_scale(frame))
+    bayes = decisions.bayes_table(cells, rope_acc)
+    skip = degenerate_regimes(degenerate_table(frame, cells, bayes=bayes, rope_points=rope))
+    rows = power.observed_power(cells, skip, rope_acc)
     return power.power_lines(rows.to_dict("records"))
