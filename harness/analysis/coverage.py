@@ -30,7 +30,7 @@ def unit_matrix(sub: pd.DataFrame, metric: str = "acc") -> pd.DataFrame:
     if left_out.empty:
         return wide
     flagged = left_out.assign(f=True).pivot_table(index=UNIT, columns="method", values="f", aggfunc="any")
-    return without_flagged(wide, flagged.reindex(index=units, columns=methods).fillna(False).astype(bool))
+    return without_flagged(wide, flagged.reindex(index=units, columns=methods).eq(True))
 
 
 def without_flagged(wide: pd.DataFrame, flagged: pd.DataFrame) -> pd.DataFrame:
