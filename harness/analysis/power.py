@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 from scipy import stats as sps
 
 from harness.analysis import bayes
@@ -145,15 +146,13 @@ def design_power(n_orders: int, n_methods: int, n_regimes: int, rope: float,
     return [power_row(d, rope, alpha) for d in design_tests(n_orders, n_methods, n_regimes)]
 
 
-def observed_power(cells, skip: dict, rope: float, alpha: float = ALPHA) -> "pd.DataFrame":
+def observed_power(cells, skip: dict, rope: float, alpha: float = ALPHA) -> pd.DataFrame:
     """The design-power table of the data at hand: the blocks each shown test really has.
 
     Per (dataset, regime): the pairwise and Friedman-family tests over the complete methods'
     task orders; per dataset (regime `(all)`): tau and W across its non-degenerate regimes;
     per regime pooled over datasets (dataset `(all)`): the pooled Bayesian test.
     """
-    import pandas as pd
-
     from harness.analysis.coverage import complete
     from harness.analysis.decisions import ALL, pooled_blocks
 
