@@ -125,3 +125,29 @@ def test_probe_of_non_finite_features_is_none_not_a_failure():
 
     task = Task(0, (0, 1), torch.zeros(4, 2), torch.tensor([0, 1, 0, 1]), torch.zeros(2, 2), torch.tensor([0, 1]))
     assert probe_accuracy(NaNFeatures(), task, torch.device("cpu")) is None
+
+
+def test_a_merge_is_checked_on_the_model_it_trained():
+    """A merged model below its probe is the method's answer, not a short budget: the checks use
+    the trained model's accuracy (trained_acc) where one is recorded, R[t][t] elsewhere."""
+    from harness.run.checks import run_warnings
+
+    checks = {"chance": 0.5, "n_test": [100, 100], "probe_acc": [0.95, 0.95], "trained_acc": [None, 0.94]}
+    matrix = [[0.80, 0.50], [0.79, 0.70]]  # task 1 evaluated at 0.80, task 2 at 0.70 (a merge)
+    codes = [(w["code"], w["task"]) for w in run_warnings(matrix, checks, "task-il")]
+    assert codes == [("below-probe", 0)]  # task 2's trained model reached 0.94: no warning
+    assert [(w["code"], w["task"]) for w in run_warnings(matrix, {**checks, "trained_acc": []}, "task-il")] == \
+        [("below-probe", 0), ("below-probe", 1)]
+
+
+def test_merging_records_carry_the_trained_accuracy_and_others_do_not():
+    from harness.run.engine import run_one
+
+    from conftest import make_spec
+
+    merged = run_one(make_spec(regime="last-2", method="magmax", pretrain="none"), device="cpu")
+    plain = run_one(make_spec(regime="last-2", method="naive", pretrain="none"), device="cpu")
+    assert merged.ok and plain.ok
+    assert all(a is not None for a in merged.checks["trained_acc"])  # θ0 = init: every task is merged
+    assert merged.checks["trained_acc"] != [row[t] for t, row in enumerate(merged.acc_matrix)]
+    assert plain.checks["trained_acc"] == [None] * 5

@@ -93,8 +93,16 @@ def test_legends_sit_outside_every_panel(tables, kind):
 def test_regime_axes_show_regime_names_in_depth_order(tables, kind):
     fig = figures.FIGURES[kind](tables, "toy")
     ax = fig.axes[-1]
-    assert [t.get_text() for t in ax.get_xticklabels()] == REGIMES
-    assert ax.get_xlabel() and all(a.get_ylabel() for a in fig.axes[:1])
+    assert figures.regime_names(fig.axes[0]) == REGIMES  # over the top panel, at their trainable fraction
+    assert ax.get_xscale() == "log" and ax.get_xlabel() == "trainable fraction (log scale)"
+    assert all(a.get_ylabel() for a in fig.axes[:1])
+
+
+def test_regime_axis_falls_back_to_names_without_fractions(tables):
+    runs = tables["runs"].assign(trainable_fraction=float("nan"))
+    bare = {**tables, "runs": runs, "regimes": tables["regimes"].assign(fraction=float("nan"))}
+    ax = figures.rank_shift(bare, "toy").axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == REGIMES and ax.get_xscale() == "linear"
 
 
 def test_rank_shift_plots_each_methods_mean_rank(tables):

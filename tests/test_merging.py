@@ -8,10 +8,10 @@ from harness.methods.contract import MethodContext, make_optimizer
 from harness.methods.contract import evaluated_model
 from harness.run.engine import keep_optimizer_on_trainable, run_one
 from harness.methods import _merge_rules as rules
-from harness.methods.merging import MergingPlugin, merged_parameters
+from harness.methods.merging import MergingPlugin, merged_weights
 from harness.run.models import build_model
 from harness.run.plugins import HarnessPlugin
-from harness.run.regimes import apply_regime, trainable_blocks
+from harness.run.regimes import apply_regime, trainable_blocks, trained_effective
 from harness.methods.registry import get_registry
 from harness.config.specs import TrainingSpec
 from harness.run.streams import Task, to_avalanche
@@ -183,7 +183,7 @@ def run_steps(method, n_tasks=3, regime="last-2", pretrain="first-task", model="
         criterion=torch.nn.CrossEntropyLoss(), train_mb_size=16, eval_mb_size=64, train_epochs=1,
         device=torch.device("cpu"), plugins=(HarnessPlugin(), probe), n_tasks=n_tasks,
         regime=regime, pretrain=pretrain, scenario="task-il", seed=0, training=TRAINING,
-        regime_blocks=tuple(trainable_blocks(net, regime)))
+        regime_blocks=tuple(trainable_blocks(net, regime)), regime_params=tuple(trained_effective(net, regime)))
     adapter = get_registry()[method]
     strategy = adapter.build(ctx, **{**adapter.defaults, **hparams})
     keep_optimizer_on_trainable(strategy)
@@ -200,7 +200,7 @@ def run_steps(method, n_tasks=3, regime="last-2", pretrain="first-task", model="
 
 def _merged_keys(regime, model="mlp", shape=(16,)):
     net = build_model(model, shape, 1, 2)
-    return set(merged_parameters(net, trainable_blocks(net, regime)))
+    return set(merged_weights(net, trained_effective(net, regime)))
 
 
 @pytest.mark.parametrize("pretrain", ["first-task", "none"])
@@ -282,7 +282,7 @@ def _stored_numel(method, n_tasks):
 def test_constant_memory(method):
     # θ0 + one running merge + two sign counters = 4 copies of the merged parameters
     net = build_model("mlp", (16,), 1, 2)
-    per_copy = sum(p.numel() for p in merged_parameters(net, trainable_blocks(net, "last-2")).values())
+    per_copy = sum(p.numel() for p in merged_weights(net, trained_effective(net, "last-2")).values())
     assert _stored_numel(method, 3) == _stored_numel(method, 5) == 4 * per_copy
 
 

@@ -53,7 +53,7 @@ BAD = [
     (("datasets", 0, "classes_per_task"), DELETE, None),  # valid: 10 / 5
     (("datasets", 0, "model"), "vit", "datasets[0].model: 'vit' is not allowed; allowed: mlp"),
     (("datasets", 0, "shuffle"), True, "datasets[0].shuffle: unknown key"),
-    (("regimes",), ["head", "middle"], "regimes[1]: unknown regime 'middle'; allowed: head, last-k (k >= 1, up to the model's depth) or full"),
+    (("regimes",), ["head", "middle"], "regimes[1]: unknown regime 'middle'; allowed: head, full, last-k, bitfit, norm, lora-rR"),
     (("regimes",), ["last-7"], "regimes[0]: 'last-7' is deeper than model 'mlp' of dataset 'digits' (4 blocks)"),
     (("regimes",), ["full", "full"], "regimes: a regime is listed twice"),
     (("methods",), ["naive", "ewc"], "methods[1].name: unknown method 'ewc'; allowed: agem"),
@@ -151,7 +151,8 @@ def test_depth_sweep_design():
 def test_model_block_counts_match_the_models():
     from harness.run.models import build_model, trainable_block_names
 
-    shapes = {"mlp": (1, 8, 8), "mlp-bn": (1, 8, 8), "cnn1d": (40,), "small-cnn": (1, 28, 28), "resnet18-reduced": (3, 32, 32)}
+    shapes = {"mlp": (1, 8, 8), "mlp-bn": (1, 8, 8), "cnn1d": (40,), "small-cnn": (1, 28, 28), "resnet18-reduced": (3, 32, 32),
+              "resnet18": (3, 32, 32)}
     for name, facts in MODELS.items():
         assert trainable_block_names(build_model(name, shapes[name], 2, 2)) == list(facts.blocks)
 

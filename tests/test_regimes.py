@@ -85,12 +85,31 @@ def build(ctx):
 '''
 
 
-def test_engine_rejects_a_method_that_changes_frozen_weights(tmp_path):
+@pytest.mark.parametrize("regime", ["head", "bitfit", "lora-r2", "last-1:lora-r2"])
+def test_engine_rejects_a_method_that_changes_frozen_weights(tmp_path, regime):
+    """fc1's weight is frozen in every one of these regimes (under LoRA: the base of its adapter)."""
     cheat = tmp_path / "cheat.py"
     cheat.write_text(CHEAT)
-    record = run_one(make_spec(regime="head", method="cheat"), device="cpu", method_files=(str(cheat),))
+    record = run_one(make_spec(regime=regime, method="cheat"), device="cpu", method_files=(str(cheat),))
     assert record.status == "failed"
-    assert "frozen parameters/buffers changed under regime 'head'" in record.error
+    assert f"frozen parameters/buffers changed under regime {regime!r}" in record.error
+
+
+def test_batchnorm_of_a_lora_block_stays_in_eval_mode_and_its_statistics_are_checked():
+    from harness.run.regimes import inject_adapters
+
+    model = inject_adapters(build_model("mlp-bn", (1, 8, 8), 2, 2), "lora-r2")
+    apply_regime(model, "lora-r2")
+    model.train()
+    bn = model.blocks["fc2"][1]
+    assert isinstance(bn, torch.nn.BatchNorm1d) and bn.training is False and model.blocks["fc2"].training
+    before = frozen_state(model)
+    assert "blocks.fc2.1.running_mean" in before and "blocks.fc2.0.base_layer.weight" in before
+    bn.running_mean.add_(1.0)
+    assert changed_frozen(model, before) == ["blocks.fc2.1.running_mean"]
+    apply_regime(model, "norm")  # norm trains BatchNorm's affine: it trains, in train mode, statistics move
+    model.train()
+    assert bn.training and "blocks.fc2.1.running_mean" not in frozen_state(model)
 
 
 CHEAT = '''

@@ -44,7 +44,8 @@ def test_the_restatement_patterns_match_their_definitions():
 def test_backbones_name_their_blocks_as_the_vocabulary_does():
     from harness.run.models import BUILDERS, build_model, trainable_block_names
 
-    shapes = {"mlp": (1, 8, 8), "mlp-bn": (1, 8, 8), "cnn1d": (40,), "small-cnn": (1, 28, 28), "resnet18-reduced": (3, 32, 32)}
+    shapes = {"mlp": (1, 8, 8), "mlp-bn": (1, 8, 8), "cnn1d": (40,), "small-cnn": (1, 28, 28), "resnet18-reduced": (3, 32, 32),
+              "resnet18": (3, 32, 32)}
     assert set(BUILDERS) == set(v.MODELS) == set(shapes)
     for name, facts in v.MODELS.items():
         assert trainable_block_names(build_model(name, shapes[name], 2, 2)) == list(facts.blocks)
@@ -66,7 +67,7 @@ def test_regime_depth(name, blocks, depth):
 @pytest.mark.parametrize("name", ["last-0", "last-01", "middle", "Last-1", "last-", "full-1", ""])
 def test_not_regime_names(name):
     assert not v.is_regime_name(name)
-    with pytest.raises(ValueError, match="allowed: head, last-k"):
+    with pytest.raises(ValueError, match="allowed: head, full, last-k"):
         v.regime_depth(name, 4)
 
 

@@ -1,4 +1,5 @@
-"""Update norm vs forgetting: per (dataset, regime), pooled, against depth, and step level."""
+"""Update norm vs forgetting: per (dataset, regime), per family, pooled, against the size of the
+trainable subspace (regime order: by trainable fraction), and step level."""
 from __future__ import annotations
 
 import pandas as pd
@@ -43,14 +44,39 @@ def norm_vs_forgetting(frame: pd.DataFrame, seed: int = stats.SEED) -> pd.DataFr
     return _corr_rows(_scopes(ok, regime_order(frame)), "mean_update_norm", "forgetting", None, seed)
 
 
+def norm_vs_forgetting_by_family(frame: pd.DataFrame, seed: int = stats.SEED) -> pd.DataFrame:
+    """Spearman/Pearson of mean update norm vs forgetting pooled within each family of a dataset
+    (bootstrap within regimes), for datasets with at least two families (else it is the pooled row)."""
+    ok = ok_runs(frame)
+    order = regime_order(frame)
+    rows = []
+    for ds in sorted(ok["dataset"].unique()):
+        d = ok[ok["dataset"] == ds]
+        if d["family"].nunique() < 2:
+            continue
+        for fam in sorted(d["family"].unique(), key=lambda f: _family_pos(f, d, order)):
+            sub = d[d["family"] == fam]
+            res = stats.corr_with_ci(sub["mean_update_norm"].to_numpy(), sub["forgetting"].to_numpy(), None,
+                                     sub["regime"].to_numpy(), N_BOOT, seed)
+            regs = [r for r in order if r in set(sub["regime"])]
+            rows.append({"dataset": ds, "family": fam, "regimes": ", ".join(regs), "n_regimes": len(regs), **res})
+    return pd.DataFrame(rows, columns=["dataset", "family", "regimes", "n_regimes", *CORR_COLS])
+
+
+def _family_pos(family: str, sub: pd.DataFrame, order: list[str]) -> int:
+    """Position of a family's first regime in the regime order (families listed smallest first)."""
+    return min(order.index(r) for r in set(sub.loc[sub["family"] == family, "regime"]))
+
+
 def depth_index(frame: pd.DataFrame) -> pd.Series:
-    """Position of each run's regime in the depth order (0 = shallowest)."""
+    """Position of each run's regime in the regime order (0 = smallest trainable fraction)."""
     pos = {r: i for i, r in enumerate(regime_order(frame))}
     return frame["regime"].map(pos)
 
 
 def depth_trend(frame: pd.DataFrame, seed: int = stats.SEED) -> pd.DataFrame:
-    """Per dataset: Spearman of mean update norm / forgetting with the regime's depth index.
+    """Per dataset: Spearman of mean update norm / forgetting with the regime's position in the
+    regime order (rank-equivalent to its trainable fraction).
 
     rho_means: over the regime means (one point per regime); rho (with CI): over ok runs.
     """
@@ -71,7 +97,8 @@ def depth_trend(frame: pd.DataFrame, seed: int = stats.SEED) -> pd.DataFrame:
 
 
 def depth_profile(frame: pd.DataFrame, seed: int = stats.SEED) -> pd.DataFrame:
-    """Per (dataset, regime): mean update norm and mean forgetting over ok runs, with CIs."""
+    """Per (dataset, regime): family, median trainable fraction and count, and mean update norm and
+    mean forgetting over ok runs, with CIs."""
     ok = ok_runs(frame)
     rows = []
     for ds in sorted(ok["dataset"].unique()):
@@ -80,11 +107,13 @@ def depth_profile(frame: pd.DataFrame, seed: int = stats.SEED) -> pd.DataFrame:
             if sub.empty:
                 continue
             mean, lo, hi = stats.bootstrap_means(sub[["mean_update_norm", "forgetting"]].to_numpy(), seed=seed)
-            rows.append({"dataset": ds, "regime": rg, "depth_index": i, "n": len(sub),
+            rows.append({"dataset": ds, "regime": rg, "family": sub["family"].iloc[0], "depth_index": i,
+                         "fraction": float(sub["trainable_fraction"].median()),
+                         "trainable": float(sub["trainable_params"].median()), "n": len(sub),
                          "norm": mean[0], "norm_lo": lo[0], "norm_hi": hi[0],
                          "forgetting": mean[1], "forgetting_lo": lo[1], "forgetting_hi": hi[1]})
-    return pd.DataFrame(rows, columns=["dataset", "regime", "depth_index", "n", "norm", "norm_lo",
-                                       "norm_hi", "forgetting", "forgetting_lo", "forgetting_hi"])
+    return pd.DataFrame(rows, columns=["dataset", "regime", "family", "depth_index", "fraction", "trainable", "n",
+                                       "norm", "norm_lo", "norm_hi", "forgetting", "forgetting_lo", "forgetting_hi"])
 
 
 def step_frame(records) -> pd.DataFrame:

@@ -5,12 +5,16 @@ unless flagged runs are included. Flagged runs are left out so that comparisons 
 a method flagged in more than half of a (dataset, regime)'s task orders is left out of it;
 otherwise each task order holding a flagged run is left out for every method (e.g. an order
 whose third task no method could learn under `head`), and the rest is compared.
+
+What is expected: a method is planned in a (dataset, regime) when it has a record in some regime
+of that regime's family on the data set. Methods restricted to some families (gpm, became: depth
+regimes only) are never planned in the others; there they are absent, not missing.
 """
 from __future__ import annotations
 
 import pandas as pd
 
-from harness.analysis.frame import regime_order
+from harness.analysis.frame import family_of, regime_order
 
 UNIT = ["order", "seed"]  # one replicate; seeds are averaged within an order afterwards
 
@@ -55,14 +59,26 @@ def order_matrix(mat: pd.DataFrame, methods: list[str]) -> pd.DataFrame:
     return mat[methods].groupby(level="order").mean()
 
 
+def planned_methods(frame: pd.DataFrame) -> dict[tuple[str, str], list[str]]:
+    """{(dataset, regime): methods planned there}: those with a record in some regime of its family."""
+    families = frame["family"] if "family" in frame else frame["regime"].map(family_of)
+    by_family = frame.assign(_f=families).groupby(["dataset", "_f"])["method"].unique()
+    cells = frame.assign(_f=families)[["dataset", "regime", "_f"]].drop_duplicates()
+    return {(ds, rg): sorted(by_family[(ds, f)]) for ds, rg, f in cells.itertuples(index=False)}
+
+
 def coverage_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (dataset, regime, method): expected replicates, ok, failed by status, missing, flagged."""
+    """Per planned (dataset, regime, method): expected replicates, ok, failed by status, missing, flagged.
+
+    A method never planned in a regime's family (see the module docstring) has no row there.
+    """
     rows = []
     order = {r: i for i, r in enumerate(regime_order(frame))}
+    planned = planned_methods(frame)
     for (ds, rg), sub in frame.groupby(["dataset", "regime"], sort=False):
         n_units = len(sub[UNIT].drop_duplicates())
         full = set(complete(unit_matrix(sub))[0])
-        for m in sorted(frame.loc[frame["dataset"] == ds, "method"].unique()):
+        for m in planned[(ds, rg)]:
             own = sub[sub["method"] == m]
             n_ok = int(((own["status"] == "ok") & own["acc"].notna()).sum())
             bad = own[own["status"] != "ok"]["status"].value_counts().to_dict()
@@ -86,6 +102,8 @@ class Cells:
         self._mats = {key: unit_matrix(sub, metric)
                       for key, sub in frame.groupby(["dataset", "regime"], sort=False)}
         self._methods = {ds: sorted(sub["method"].unique()) for ds, sub in frame.groupby("dataset")}
+        self._planned = planned_methods(frame) if len(frame) else {}
+        self._full = {key: set(complete(mat)[0]) for key, mat in self._mats.items()}
 
     @property
     def datasets(self) -> list[str]:
@@ -97,19 +115,42 @@ class Cells:
         return self._methods[dataset]
 
     def regimes(self, dataset: str) -> list[str]:
-        """Regimes present for a dataset, by depth."""
+        """Regimes present for a dataset, in regime order (by trainable fraction)."""
         return [r for r in self.regime_order if (dataset, r) in self._mats]
 
     def mat(self, dataset: str, regime: str) -> pd.DataFrame:
         """The unit matrix of one (dataset, regime); empty when that cell never ran."""
         return self._mats.get((dataset, regime), pd.DataFrame())
 
+    def planned(self, dataset: str, regime: str) -> list[str]:
+        """Methods the design runs in one (dataset, regime) (coverage rules above)."""
+        return self._planned.get((dataset, regime), [])
+
     def complete_across(self, dataset: str, regimes) -> tuple[list[str], list[str]]:
-        """Methods with every cell in all the listed regimes, and the ones left out."""
+        """Methods with every cell in all the listed regimes, and those planned in all of them
+        but left out (missing, failed or flagged cells); absent ones are in `absent`."""
         keep = set(self.methods(dataset))
         for r in regimes:
-            keep &= set(complete(self.mat(dataset, r))[0])
-        return sorted(keep), [m for m in self.methods(dataset) if m not in keep]
+            keep &= self._full.get((dataset, r), set())
+        gone = set(self.absent(dataset, regimes))
+        return sorted(keep), [m for m in self.methods(dataset) if m not in keep and m not in gone]
+
+    def absent(self, dataset: str, regimes) -> list[str]:
+        """Methods of the dataset not planned in at least one of the listed regimes (by design)."""
+        regimes = list(regimes)
+        return [m for m in self.methods(dataset) if any(m not in self.planned(dataset, r) for r in regimes)]
+
+    def complete_where_planned(self, dataset: str, regimes) -> tuple[list[str], list[str]]:
+        """Methods with every cell in each listed regime where they are planned, and the planned ones
+        left out; with a single family this is complete_across."""
+        regimes = list(regimes)
+        keep, out = [], []
+        for m in self.methods(dataset):
+            where = [r for r in regimes if m in self.planned(dataset, r)]
+            if where:
+                ok = all(m in self._full.get((dataset, r), set()) for r in where)
+                (keep if ok else out).append(m)
+        return keep, out
 
     def orders(self, dataset: str, regime: str, methods: list[str]) -> pd.DataFrame:
         """order x method ACC (seeds averaged) for the given complete methods."""

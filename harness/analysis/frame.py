@@ -8,15 +8,15 @@ import pandas as pd
 
 from ..config.specs import RunRecord
 from ..config.text import terminal_safe
-from ..config.vocabulary import METRICS, WARNINGS, regime_sort_key
+from ..config.vocabulary import METRICS, WARNINGS, regime_family, regime_sort_key
 
 # `ranked`: the run enters the rank statistics (ok, and not flagged unless flagged runs are
 # included); it is the one place that policy is decided, every unit matrix reads it.
 COLUMNS = ("run_id", "status", "error", "protocol", "protocol_version", "dataset",
-           "regime", "regime_depth", "n_blocks", "method", "method_name", "order", "seed",
+           "regime", "family", "regime_depth", "n_blocks", "method", "method_name", "order", "seed",
            *METRICS, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware",
-           "trainable_params", "total_params", "total_s", "is_submission", "optimizer_steps",
-           "samples_seen", "n_warnings", "warning_codes", "flagged", "ranked")
+           "trainable_params", "total_params", "trainable_fraction", "total_s", "is_submission",
+           "optimizer_steps", "samples_seen", "n_warnings", "warning_codes", "flagged", "ranked")
 FLAG = "⚑"  # marks cells with flagged runs, in the terminal summary and on the site
 
 
@@ -36,6 +36,22 @@ def _mean_norm(shared) -> float:
     return float(np.mean(vals)) if vals else math.nan
 
 
+def family_of(regime) -> str:
+    """The regime's family (depth, bitfit, norm, lora); `other` for a name outside the grammar."""
+    try:
+        return regime_family(regime)
+    except ValueError:
+        return "other"
+
+
+def _fraction(params: dict) -> float:
+    """The recorded trainable fraction, else trainable / total (NaN when either is unknown)."""
+    if "fraction" in params:
+        return _num(params["fraction"])
+    trainable, total = _num(params.get("trainable")), _num(params.get("total"))
+    return trainable / total if total > 0 else math.nan  # NaN > 0 is False: unknown stays NaN
+
+
 def warning_codes(warnings) -> list[str]:
     """Sorted unique codes of a record's warnings (entries without a code are skipped)."""
     return sorted({str(w["code"]) for w in warnings or [] if isinstance(w, dict) and w.get("code")})
@@ -48,7 +64,7 @@ def _row(rec: RunRecord) -> dict:
     return {
         "run_id": rec.run_id, "status": rec.status, "error": rec.error,
         "protocol": spec.protocol, "protocol_version": spec.protocol_version,
-        "dataset": rec.dataset, "regime": spec.regime,
+        "dataset": rec.dataset, "regime": spec.regime, "family": family_of(spec.regime),
         "regime_depth": _num(rec.regime_depth), "n_blocks": _num(rec.n_blocks),
         "method": rec.method, "method_name": spec.method, "order": int(spec.order), "seed": int(spec.seed),
         **{m: _num(metrics.get(m)) for m in METRICS},
@@ -59,6 +75,7 @@ def _row(rec: RunRecord) -> dict:
         "forgetting_task_aware": _num((rec.metrics_task_aware or {}).get("forgetting")),
         "trainable_params": _num(params.get("trainable")),
         "total_params": _num(params.get("total")),
+        "trainable_fraction": _fraction(params),
         "total_s": _num((rec.timings or {}).get("total_s")),
         "is_submission": bool(rec.submission),
         "optimizer_steps": _num(budget.get("optimizer_steps")),
@@ -84,11 +101,14 @@ def records_to_frame(records, include_flagged: bool = False) -> pd.DataFrame:
 
 
 def regime_order(frame: pd.DataFrame) -> list[str]:
-    """Regimes ordered by depth (median recorded depth, then the name as tie-break)."""
+    """Regimes by median trainable fraction (smallest first); ties and unknown fractions (last)
+    by regime_sort_key. A depth protocol keeps head < last-1 < ... < full."""
     if frame.empty:
         return []
-    depth = frame.groupby("regime")["regime_depth"].median()
-    return sorted(depth.index, key=lambda r: (_nan_last(depth[r]), regime_sort_key(r)))
+    # Frames from before trainable_fraction existed order by depth, as they did then.
+    key = "trainable_fraction" if "trainable_fraction" in frame else "regime_depth"
+    size = frame.groupby("regime")[key].median()
+    return sorted(size.index, key=lambda r: (_nan_last(size[r]), regime_sort_key(r)))
 
 
 def _nan_last(x: float) -> float:

@@ -1,5 +1,6 @@
 """Rank statistics: per-order ranks, mean ranks, agreement across regimes and orders,
-rank reversals, Friedman + Nemenyi. Only methods with full coverage enter a comparison.
+rank reversals, Friedman + Nemenyi. Only methods with full coverage enter a comparison;
+a method absent by design from some regimes (coverage.py) enters those it is planned in.
 
 Every function takes the tidy frame and optionally a precomputed `Cells` (to share work).
 """
@@ -21,6 +22,12 @@ def _cells(frame, cells):
 
 def _joined(names) -> str:
     return ", ".join(names)
+
+
+def _in(methods, allowed) -> list[str]:
+    """methods (in their order) that are in allowed."""
+    allowed = set(allowed)
+    return [m for m in methods if m in allowed]
 
 
 def _ranks(om: pd.DataFrame) -> pd.DataFrame:
@@ -69,10 +76,10 @@ def mean_ranks(frame: pd.DataFrame, cells: Cells | None = None, seed: int = stat
 def global_ranks(frame: pd.DataFrame, cells: Cells | None = None, seed: int = stats.SEED) -> pd.DataFrame:
     """Per regime: mean rank over all (dataset, order) blocks, for methods complete on every dataset."""
     c = _cells(frame, cells)
-    everyone = sorted(frame["method"].unique())
     parts = []
     for rg in c.regime_order:
         dss = [ds for ds in c.datasets if rg in c.regimes(ds)]
+        everyone = sorted({m for ds in dss for m in c.planned(ds, rg)})  # absent by design: not "excluded"
         keep = set(everyone)
         for ds in dss:
             keep &= set(complete(c.mat(ds, rg))[0])
@@ -110,6 +117,7 @@ def regime_agreement(frame: pd.DataFrame, cells: Cells | None = None, seed: int 
         for i, a in enumerate(regs):
             for b in regs[i:]:
                 keep, out = c.complete_across(ds, [a, b])
+                absent = c.absent(ds, [a, b])
                 tau, p = math.nan, math.nan
                 note = "; ".join(f"{r} left out: {left_out[r]}" for r in dict.fromkeys((a, b)) if r in left_out)
                 if note or len(keep) < 2:
@@ -120,12 +128,22 @@ def regime_agreement(frame: pd.DataFrame, cells: Cells | None = None, seed: int 
                     tau, p = stats.tau_permutation_test(mean_acc(c, ds, a, keep).to_numpy(),
                                                         mean_acc(c, ds, b, keep).to_numpy(), seed=seed)
                 row = {"dataset": ds, "tau": tau, "p": p, "n_methods": len(keep), "excluded": _joined(out),
-                       "note": note}
+                       "absent": _joined(absent), "note": note}
                 rows.append({**row, "regime_a": a, "regime_b": b})
                 if a != b:
                     rows.append({**row, "regime_a": b, "regime_b": a})
-    cols = ["dataset", "regime_a", "regime_b", "tau", "p", "n_methods", "excluded", "note"]
+    cols = ["dataset", "regime_a", "regime_b", "tau", "p", "n_methods", "excluded", "absent", "note"]
     return pd.DataFrame(rows, columns=cols)
+
+
+def w_of_regimes(cells: Cells, dataset: str, regs: list[str]) -> dict:
+    """Kendall's W of the mean-ACC rankings of the listed regimes, over the methods complete in all of them."""
+    keep, out = cells.complete_across(dataset, regs)
+    ranks = np.array([stats.rank_rows(mean_acc(cells, dataset, r, keep).to_numpy()) for r in regs]) \
+        if keep and regs else np.empty((len(regs), 0))
+    w = stats.kendall_w(ranks)
+    return {"w": w["w"], "chi2": w["chi2"], "p": w["p"], "n_regimes": len(regs), "n_methods": len(keep),
+            "excluded": _joined(out), "absent": _joined(cells.absent(dataset, regs))}
 
 
 def w_across_regimes(frame: pd.DataFrame, cells: Cells | None = None, skip: dict | None = None) -> pd.DataFrame:
@@ -135,15 +153,9 @@ def w_across_regimes(frame: pd.DataFrame, cells: Cells | None = None, skip: dict
     for ds in c.datasets:
         left_out = _skipped(skip, ds)
         regs = [r for r in c.regimes(ds) if r not in left_out]
-        keep, out = c.complete_across(ds, regs)
-        ranks = np.array([stats.rank_rows(mean_acc(c, ds, r, keep).to_numpy()) for r in regs]) \
-            if keep and regs else np.empty((len(regs), 0))
-        w = stats.kendall_w(ranks)
-        rows.append({"dataset": ds, "w": w["w"], "chi2": w["chi2"], "p": w["p"],
-                     "n_regimes": len(regs), "n_methods": len(keep), "excluded": _joined(out),
-                     "regimes_left_out": _joined(left_out)})
+        rows.append({"dataset": ds, **w_of_regimes(c, ds, regs), "regimes_left_out": _joined(left_out)})
     return pd.DataFrame(rows, columns=["dataset", "w", "chi2", "p", "n_regimes", "n_methods", "excluded",
-                                       "regimes_left_out"])
+                                       "absent", "regimes_left_out"])
 
 
 def w_across_orders(frame: pd.DataFrame, cells: Cells | None = None) -> pd.DataFrame:
@@ -176,17 +188,20 @@ def rank_reversals(frame: pd.DataFrame, cells: Cells | None = None, alpha: float
                    skip: dict | None = None) -> pd.DataFrame:
     """Method pairs whose mean-ACC order flips between two regimes; significant = Holm p < alpha in both.
 
-    skip: {dataset: {regime: reason}} regimes left out (degenerate ones: their flips are noise).
+    The methods compared are those complete wherever they are planned; a pair is compared between
+    two regimes that both run it. skip: {dataset: {regime: reason}} regimes left out (degenerate
+    ones: their flips are noise).
     """
     c = _cells(frame, cells)
     rows = []
     for ds in c.datasets:
         regs = [r for r in c.regimes(ds) if r not in _skipped(skip, ds)]
-        keep, _ = c.complete_across(ds, regs)
-        tests = {r: pairwise_wilcoxon(c, ds, r, keep).set_index(["method_1", "method_2"]) for r in regs}
+        keep, _ = c.complete_where_planned(ds, regs)
+        tests = {r: pairwise_wilcoxon(c, ds, r, _in(keep, c.planned(ds, r))).set_index(["method_1", "method_2"])
+                 for r in regs}
         for a, b in itertools.combinations(regs, 2):
             ta, tb = tests[a], tests[b]
-            for pair in ta.index:
+            for pair in ta.index.intersection(tb.index, sort=False):
                 da, db = ta.at[pair, "diff"], tb.at[pair, "diff"]
                 if da * db < 0:
                     pa, pb = ta.at[pair, "p_holm"], tb.at[pair, "p_holm"]
@@ -205,12 +220,13 @@ def reversal_summary(frame: pd.DataFrame, reversals: pd.DataFrame, cells: Cells 
     rows = []
     for ds in c.datasets:
         regs = [r for r in c.regimes(ds) if r not in _skipped(skip, ds)]
-        keep, out = c.complete_across(ds, regs)
+        keep, out = c.complete_where_planned(ds, regs)
         for a, b in itertools.combinations(regs, 2):
             sel = reversals[(reversals["dataset"] == ds) & (reversals["regime_a"] == a)
                             & (reversals["regime_b"] == b)]
+            k = len(_in(_in(keep, c.planned(ds, a)), c.planned(ds, b)))
             rows.append({"dataset": ds, "regime_a": a, "regime_b": b,
-                         "n_pairs": len(keep) * (len(keep) - 1) // 2, "reversals": len(sel),
+                         "n_pairs": k * (k - 1) // 2, "reversals": len(sel),
                          "significant": int(sel["significant_both"].sum()), "excluded": _joined(out)})
     return pd.DataFrame(rows, columns=["dataset", "regime_a", "regime_b", "n_pairs", "reversals",
                                        "significant", "excluded"])

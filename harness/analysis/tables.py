@@ -5,7 +5,7 @@ import math
 
 import pandas as pd
 
-from harness.analysis import correlations, curves, decisions, power, ranks, stats
+from harness.analysis import correlations, curves, decisions, families, power, ranks, stats
 from harness.analysis.coverage import Cells, coverage_table
 from harness.analysis.degenerate import degenerate_regimes, degenerate_table
 from harness.analysis.frame import percent_scale, records_to_frame, regime_order, warning_codes
@@ -96,32 +96,42 @@ def analyse(records, seed: int = stats.SEED, include_flagged: bool = False,
     bayes = decisions.bayes_table(cells, rope_acc, seed)
     degenerate = degenerate_table(frame, cells, bayes=bayes, rope_points=rope)
     skip = degenerate_regimes(degenerate)
-    credible = decisions.credible_reversals(bayes, regime_order(frame), {**skip, decisions.ALL: _everywhere(skip, cells)})
+    order = regime_order(frame)
+    credible = decisions.credible_reversals(bayes, order, {**skip, decisions.ALL: _everywhere(skip, cells)})
     reversals = _with_credible(ranks.rank_reversals(frame, cells, skip=skip), credible, bayes)
+    tau = ranks.regime_agreement(frame, cells, seed, skip)
+    family_tau = families.family_tau(tau, order)
     return {
         "runs": frame,
         "coverage": coverage_table(frame),
         "methods": mt.merge(mr, on=["dataset", "regime", "method"], how="left"),
         "order_ranks": ranks.order_ranks(frame, cells),
         "global_ranks": ranks.global_ranks(frame, cells, seed),
-        "tau": ranks.regime_agreement(frame, cells, seed, skip),
+        "tau": tau,
         "w_regimes": ranks.w_across_regimes(frame, cells, skip),
+        # within vs across subspace families (families.py); regimes: family and trainable size
+        "regimes": families.regime_table(frame),
+        "family_tau": family_tau,
+        "families": families.family_summary(family_tau, reversals, credible, seed),
+        "family_w": families.w_by_family(cells, skip),
+        "absent": families.absent_table(cells),
         "w_orders": ranks.w_across_orders(frame, cells),
-        "reversals": reversals,
+        "reversals": families.label_pairs(reversals),
         "reversal_summary": ranks.reversal_summary(frame, reversals, cells, skip),
         "friedman": ranks.friedman_table(frame, cells),
         "nemenyi": ranks.nemenyi_table(frame, cells),
         "bayes": bayes,
-        "credible_reversals": credible,
+        "credible_reversals": families.label_pairs(credible),
         "degenerate": degenerate,
         "power": power.observed_power(cells, skip, rope_acc),
         "curves": curves.task_curves(records, seed),
         "norm_forgetting": correlations.norm_vs_forgetting(frame, seed),
+        "norm_forgetting_family": correlations.norm_vs_forgetting_by_family(frame, seed),
         "depth_profile": correlations.depth_profile(frame, seed),
         "depth_trend": correlations.depth_trend(frame, seed),
         "step_level": correlations.step_level(records, frame, seed),
         "budget": budget_table(frame),
-        "flagged": flagged_table(records, regime_order(frame)),
+        "flagged": flagged_table(records, order),
         "settings": pd.DataFrame([{"rope_points": rope, "rope": rope_acc, "credible": decisions.bayes.CREDIBLE,
                                    "alpha": power.ALPHA, "include_flagged": include_flagged}]),
     }
@@ -181,7 +191,10 @@ def headline(tables: dict[str, pd.DataFrame]) -> dict:
             "wilcoxon_decides": bool(pw[pw["test"] == "wilcoxon-holm"]["reachable"].all()) if len(pw) else True,
             "degenerate": deg[deg["degenerate"]][["dataset", "regime", "reason"]].to_dict("records") if len(deg) else [],
             "power_warnings": sorted(set(pw.loc[~pw["reachable"].astype(bool), "message"])) if len(pw) else [],
-            "rope": float(settings["rope_points"].iloc[0]) if "rope_points" in settings else math.nan}
+            "rope": float(settings["rope_points"].iloc[0]) if "rope_points" in settings else math.nan,
+            # within vs across subspace families; None with a single family
+            "families": families.headline(tables["families"], regime_order(tables["runs"]))
+            if "families" in tables else None}
 
 
 def _strongest(reversals: pd.DataFrame, n: int = 3) -> list[dict]:

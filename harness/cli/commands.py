@@ -128,6 +128,13 @@ def _statuses(statuses: dict) -> str:
     return ", ".join(f"{v} {k}" for k, v in sorted(statuses.items())) or "nothing to do"
 
 
+def _restricted(protocol) -> str:
+    """How many method x regime pairs the protocol leaves out (a method's `regimes:`), if any."""
+    counts = [(m.display, len(set(m.regimes) & set(protocol.regimes))) for m in protocol.methods if m.regimes is not None]
+    out = [f"{name} on {n} of {len(protocol.regimes)}" for name, n in counts if n < len(protocol.regimes)]
+    return f" (methods restricted to some regimes: {', '.join(out)})" if out else ""
+
+
 def format_plan(protocol, plan, results, rope: float = 1.0) -> str:
     """The grid: counts per axis, total runs, runs already done, every file not counted, and
     the tests this design cannot decide (design power)."""
@@ -137,7 +144,7 @@ def format_plan(protocol, plan, results, rope: float = 1.0) -> str:
     c = plan.counts()
     lines = [terminal_safe(f"protocol {protocol.name} v{protocol.version} ({protocol.source})"),
              f"grid: {c['datasets']} datasets x {c['regimes']} regimes x {c['methods']} methods x "
-             f"{c['orders']} task orders x {c['seeds']} seeds = {c['total']} runs",
+             f"{c['orders']} task orders x {c['seeds']} seeds = {c['total']} runs{_restricted(protocol)}",
              terminal_safe(f"done: {c['done']}   to run: {c['todo']}   results: {Path(results) / protocol.name}")]
     if plan.missing_data:
         n = sum(1 for s in plan.specs if s.dataset.name in plan.missing_data)
@@ -348,11 +355,15 @@ def _list_methods(req: ListRequest):
 
 
 def _list_regimes(req: ListRequest):
-    from ..config.vocabulary import MODELS
+    from ..config.vocabulary import FAMILY_DESCRIPTIONS, MODELS
 
     yield "head       train the task heads only"
     yield "last-k     train the last k blocks + heads (k = 1, 2, 3, ... up to the model's depth)"
     yield "full       train every block + heads"
+    yield "bitfit     train the biases of every block + heads (last-k:bitfit: of the last k blocks)"
+    yield "norm       train the normalisation layers' scale and shift + heads (last-k:norm)"
+    yield "lora-rR    train rank-R LoRA adapters on every Linear/Conv, base frozen + heads (last-k:lora-rR)"
+    yield "families: " + "; ".join(f"{f}: {d}" for f, d in FAMILY_DESCRIPTIONS.items())
     yield "models: " + ", ".join(f"{name} ({facts.n_blocks} blocks)" for name, facts in MODELS.items())
 
 

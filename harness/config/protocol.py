@@ -7,17 +7,18 @@ import math
 from pathlib import Path
 
 from .errors import UserError
+from .pretrain import PretrainError, check_pretrain_for_model, parse_pretrain
 from .paths import protocol_dirs
 from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
-from .vocabulary import (DATASET_NAMES, DATASETS, MODELS, NAME_RULE, OPTIMIZERS, PRETRAIN_MODES,
+from .vocabulary import (DATASET_NAMES, DATASETS, MODELS, NAME_RULE, OPTIMIZERS,
                          NPZ_PREFIX, REGIME_GRAMMAR, SCENARIOS, USER_DATA_DEFAULT_MODEL, is_dataset_name, is_regime_name,
-                         is_valid_name, regime_depth)
+                         REGIME_FAMILIES, is_valid_name, regime_family, regime_problem)
 
 PROTOCOL_KEYS = ("name", "version", "description", "scenario", "pretrain", "datasets", "regimes",
                  "methods", "task_orders", "seeds", "training", "evaluation", "resources")
 REQUIRED_KEYS = ("name", "version", "datasets", "regimes", "methods")
 DATASET_KEYS = ("name", "n_tasks", "classes_per_task", "model")
-METHOD_KEYS = ("name", "label", "hparams")
+METHOD_KEYS = ("name", "label", "hparams", "regimes")
 ORDER_KEYS = ("count", "seed", "orders")
 TRAINING_KEYS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
 RESOURCE_KEYS = ("num_cpus", "num_gpus")
@@ -115,12 +116,18 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
     version = v.version(raw["version"])
     datasets, written = v.datasets(raw["datasets"])
     regimes = v.regimes(raw["regimes"], datasets)
-    methods = v.methods(raw["methods"], registry)
+    methods = v.methods(raw["methods"], registry, regimes)
     orders, order_seed = v.task_orders(raw.get("task_orders", {"count": 1, "seed": 0}), datasets)
+    try:
+        pretrain = parse_pretrain(raw.get("pretrain", "first-task"), source, Path(source).resolve().parent)
+        for d in datasets:
+            check_pretrain_for_model(pretrain, d.model, d.name, source)
+    except PretrainError as exc:  # one kind of protocol mistake
+        raise ProtocolError(str(exc)) from None
     return Protocol(
         name=name, version=version, description=v.string(raw.get("description", ""), "description"),
         scenario=v.choice(raw.get("scenario", "task-il"), "scenario", SCENARIOS),
-        pretrain=v.choice(raw.get("pretrain", "first-task"), "pretrain", PRETRAIN_MODES),
+        pretrain=pretrain,
         datasets=datasets, regimes=regimes, methods=methods, task_orders=orders,
         order_seed=order_seed, seeds=v.seeds(raw.get("seeds", [0])),
         training=v.training(raw.get("training", {})),
@@ -266,18 +273,35 @@ class _Validator:
             if not isinstance(regime, str) or not is_regime_name(regime):
                 self.fail(f"regimes[{i}]", f"unknown regime {_show(regime)}; allowed: {REGIME_GRAMMAR}")
             for d in datasets:
-                n = MODELS[d.model].n_blocks
-                try:
-                    regime_depth(regime, n)
-                except ValueError:
-                    self.fail(f"regimes[{i}]", f"{regime!r} is deeper than model {d.model!r} of dataset "
-                                               f"{d.name!r} ({n} blocks); allowed: head, last-1..last-{n}, full")
+                problem = regime_problem(regime, d.model, d.name)
+                if problem:
+                    self.fail(f"regimes[{i}]", problem)
             out.append(regime)
         if len(set(out)) != len(out):
             self.fail("regimes", "a regime is listed twice")
         return tuple(out)
 
-    def methods(self, value, registry):
+    def method_regimes(self, entry, key, name, adapter, regimes) -> tuple:
+        """The protocol regimes a method runs on (`regimes:` of its entry, else all); each must be a
+        family the method runs faithfully on, else the pair is refused here (never approximated)."""
+        listed = entry.get("regimes")
+        if listed is not None:
+            listed = self.nonempty_list(listed, f"{key}.regimes")
+            for j, r in enumerate(listed):
+                if r not in regimes:
+                    self.fail(f"{key}.regimes[{j}]", f"{_show(r)} is not a regime of this protocol; allowed: "
+                                                     f"{', '.join(regimes)}")
+        runs_on = tuple(r for r in regimes if listed is None or r in listed)
+        families = tuple(getattr(adapter, "regime_families", REGIME_FAMILIES))
+        for r in runs_on:
+            if regime_family(r) not in families:
+                note = getattr(adapter, "regime_note", "") or "its adapter declares so"
+                self.fail(key, f"{name} cannot run faithfully under regime {r!r} (family {regime_family(r)}): "
+                               f"{note}; allowed: families {', '.join(families)}: list the regimes it runs on in "
+                               f"{key}.regimes")
+        return runs_on
+
+    def methods(self, value, registry, regimes=()):
         out = []
         for i, entry in enumerate(self.nonempty_list(value, "methods")):
             key = f"methods[{i}]"
@@ -292,8 +316,9 @@ class _Validator:
             hparams = entry.get("hparams", {}) or {}
             self.mapping(hparams, f"{key}.hparams", tuple(adapter.defaults) or ("(none)",))
             hparams = {k: self.hparam(v, f"{key}.hparams.{k}", adapter, k) for k, v in hparams.items()}
+            runs_on = self.method_regimes(entry, key, name, adapter, regimes)
             out.append(MethodSpec(name, {**adapter.defaults, **hparams}, label,
-                                  getattr(adapter, "implementation", "")))
+                                  getattr(adapter, "implementation", ""), runs_on))
         displays = [m.display for m in out]
         for d in displays:
             if displays.count(d) > 1:

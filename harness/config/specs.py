@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass, field
 # enters the run id, so a record of another schema never shares a file name with a new one.
 # 4: class-IL records also carry the task-aware (masked) accuracy matrix, its initial row and its
 # metrics (acc_matrix_task_aware, init_acc_task_aware, metrics_task_aware; None in task-IL).
-SCHEMA_VERSION = 4
+# 5: regimes beyond depth (bitfit, norm, lora-rR, last-k:...); params carry total_shared, adapters and the
+# trainable fraction; `pretrain` may be a pretrained backbone (a mapping); provenance.pretrained.
+SCHEMA_VERSION = 5
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,11 @@ class MethodSpec:
     hparams: dict = field(default_factory=dict)
     label: str = ""
     version: str = ""
+    regimes: tuple[str, ...] | None = None  # the protocol regimes it runs on (None: all of them)
+
+    def runs_under(self, regime: str) -> bool:
+        """True when the protocol pairs this method with `regime`."""
+        return self.regimes is None or regime in self.regimes
 
     @property
     def display(self) -> str:
@@ -97,7 +104,7 @@ class RunSpec:
     class_order: tuple[int, ...]
     seed: int
     scenario: str
-    pretrain: str
+    pretrain: str | dict  # first-task, none, or a pretrained backbone ({checkpoint|dataset|torchvision: ...})
     training: TrainingSpec
     eval_batch_size: int
     method_version: str = ""

@@ -14,6 +14,29 @@ from dataclasses import dataclass
 STATUSES = ("ok", "failed", "diverged", "timeout")
 SCENARIOS = ("task-il", "class-il")
 PRETRAIN_MODES = ("first-task", "none")
+# A pretrained backbone: `pretrain: {checkpoint: PATH}`, `{dataset: NAME, ...}` or `{torchvision: WEIGHTS}`;
+# θ0 is the pretrained model and the regime applies from task 1.
+PRETRAIN_SOURCES = ("checkpoint", "dataset", "torchvision")
+
+
+def pretrain_source(pretrain) -> str:
+    """`first-task`, `none`, or which kind of pretrained backbone (a PRETRAIN_SOURCES key)."""
+    if isinstance(pretrain, dict):
+        return next((k for k in PRETRAIN_SOURCES if k in pretrain), "unknown")
+    return str(pretrain)
+
+
+def pretrain_label(pretrain) -> str:
+    """A short display form: `first-task`, `none`, `checkpoint <sha12>`, `dataset digits (...)`."""
+    if not isinstance(pretrain, dict):
+        return str(pretrain)
+    source = pretrain_source(pretrain)
+    if source == "checkpoint":
+        return f"checkpoint {str(pretrain.get('sha256', ''))[:12]}"
+    if source == "dataset":
+        extra = ", ".join(f"{k} {v}" for k, v in sorted(pretrain.items()) if k != "dataset")
+        return f"dataset {pretrain['dataset']}" + (f" ({extra})" if extra else "")
+    return f"{source} {pretrain.get(source, '')}"
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 # Names appear in comma-separated CLI filters, folder and file names and URLs of the site.
@@ -39,41 +62,105 @@ WARNINGS = {
 
 
 # -- regimes ------------------------------------------------------------------------------
+# A regime is a trainable subspace: a depth (which shared blocks train) and a family (what in
+# those blocks trains). Heads always train. `head` trains no shared block; `full` and the
+# families without a depth prefix act on every shared block.
 BASE_REGIMES = ("head", "last-1", "last-2", "last-3", "full")
-REGIME_GRAMMAR = "head, last-k (k >= 1, up to the model's depth) or full"
+REGIME_FAMILIES = ("depth", "bitfit", "norm", "lora")
+FAMILY_DESCRIPTIONS = {
+    "depth": "every parameter of the trainable blocks (head, last-k, full)",
+    "bitfit": "the biases of the trainable blocks (BatchNorm's shift included), base weights frozen",
+    "norm": "the affine scale and shift of the normalisation layers of the trainable blocks",
+    "lora": "rank-R adapters (peft LoRA) on every Linear/Conv of the trainable blocks, base frozen",
+}
+REGIME_GRAMMAR = ("head, full, last-k, bitfit, norm, lora-rR, or last-k:bitfit, last-k:norm, last-k:lora-rR "
+                  "(k >= 1 up to the model's depth, R >= 1)")
+MAX_LORA_RANK = 4096
 _LAST_K = re.compile(r"^last-([1-9][0-9]*)$")
+_LORA = re.compile(r"^lora-r([1-9][0-9]*)$")
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A parsed regime name: `depth` shared blocks train (None: all of them; 0: `head`), and within
+    them what `family` selects (`rank` for lora)."""
+
+    name: str
+    depth: int | None
+    family: str
+    rank: int | None = None
+
+    def blocks(self, n_blocks: int) -> int:
+        """Number of trainable blocks on a backbone of `n_blocks` (head = 0, all = n_blocks)."""
+        return n_blocks if self.depth is None else self.depth
+
+
+def parse_regime(name) -> Regime:
+    """Parse a regime name of REGIME_GRAMMAR; anything else raises ValueError naming the grammar."""
+    text = str(name)
+    if text == "head":
+        return Regime(text, 0, "depth")
+    if text == "full":
+        return Regime(text, None, "depth")
+    prefix, sep, rest = text.partition(":")
+    depth_match = _LAST_K.match(prefix)
+    if sep:
+        if not depth_match or ":" in rest:
+            raise ValueError(f"unknown regime {text!r}; allowed: {REGIME_GRAMMAR}")
+        family = _family_part(rest, text)
+        return Regime(text, int(depth_match.group(1)), family[0], family[1])
+    if depth_match:
+        return Regime(text, int(depth_match.group(1)), "depth")
+    family, rank = _family_part(text, text)
+    return Regime(text, None, family, rank)
+
+
+def _family_part(part: str, whole: str) -> tuple[str, int | None]:
+    if part in ("bitfit", "norm"):
+        return part, None
+    match = _LORA.match(part)
+    if match and int(match.group(1)) <= MAX_LORA_RANK:
+        return "lora", int(match.group(1))
+    raise ValueError(f"unknown regime {whole!r}; allowed: {REGIME_GRAMMAR}")
 
 
 def is_regime_name(name) -> bool:
-    """True for `head`, `full` and `last-k` with k >= 1."""
-    return name in ("head", "full") or bool(_LAST_K.match(str(name)))
+    """True for a name of REGIME_GRAMMAR."""
+    try:
+        parse_regime(name)
+    except ValueError:
+        return False
+    return True
+
+
+def regime_family(name: str) -> str:
+    """The regime's family: depth, bitfit, norm or lora."""
+    return parse_regime(name).family
 
 
 def regime_depth(name: str, n_blocks: int) -> int:
-    """Number of trainable blocks under the regime (head = 0, full = n_blocks)."""
-    if name == "head":
-        return 0
-    if name == "full":
-        return n_blocks
-    match = _LAST_K.match(str(name))
-    if not match:
-        raise ValueError(f"unknown regime {name!r}; allowed: {REGIME_GRAMMAR}")
-    k = int(match.group(1))
+    """Number of shared blocks the regime acts on (head = 0, full and unprefixed families = n_blocks)."""
+    regime = parse_regime(name)
+    k = regime.blocks(n_blocks)
     if k > n_blocks:
         raise ValueError(f"regime {name!r} needs {k} blocks; the model has {n_blocks}")
     return k
 
 
 def regime_sort_key(name: str) -> tuple:
-    """Order by the name alone: head < last-1 < last-2 < ... < full < anything else."""
-    if name == "head":
-        return (0, 0, name)
-    match = _LAST_K.match(str(name))
-    if match:
-        return (1, int(match.group(1)), name)
-    if name == "full":
-        return (2, 0, name)
-    return (3, 0, name)
+    """Order by the name alone (analysis orders by measured trainable fraction first): head, then
+    the families on every block (bitfit, norm, lora by rank), then by depth (last-k's families
+    before last-k itself), full, anything else."""
+    try:
+        r = parse_regime(name)
+    except ValueError:
+        return (9, 0, 0, 0, str(name))
+    family = REGIME_FAMILIES.index(r.family)
+    if r.depth == 0:
+        return (0, 0, 0, 0, name)
+    if r.depth is None:
+        return (3, 0, 0, 0, name) if r.family == "depth" else (1, 0, family, r.rank or 0, name)
+    return (2, r.depth, 1 if r.family == "depth" else 0, family * 10**6 + (r.rank or 0), name)
 
 
 # -- backbones ----------------------------------------------------------------------------
@@ -83,6 +170,9 @@ class ModelFacts:
 
     blocks: tuple[str, ...]
     description: str
+    # Blocks with normalisation layers / with bias terms (what `norm` and `bitfit` can train).
+    norm_blocks: tuple[str, ...] = ()
+    bias_blocks: tuple[str, ...] = ()
 
     @property
     def n_blocks(self) -> int:
@@ -90,14 +180,37 @@ class ModelFacts:
         return len(self.blocks)
 
 
+_FC4 = ("fc1", "fc2", "fc3", "fc4")
+_CONV3_FC = ("conv1", "conv2", "conv3", "fc")
+_RESNET = ("stem", "layer1", "layer2", "layer3", "layer4")
 MODELS = {
-    "mlp": ModelFacts(("fc1", "fc2", "fc3", "fc4"), "4 fully connected blocks"),
-    "mlp-bn": ModelFacts(("fc1", "fc2", "fc3", "fc4"), "4 fully connected blocks with BatchNorm"),
-    "small-cnn": ModelFacts(("conv1", "conv2", "conv3", "fc"), "3 conv blocks with BatchNorm, 1 fc block"),
-    "cnn1d": ModelFacts(("conv1", "conv2", "conv3", "fc"), "small-cnn for 1-D signals: 3 conv blocks with BatchNorm, 1 fc block"),
-    "resnet18-reduced": ModelFacts(("stem", "layer1", "layer2", "layer3", "layer4"),
-                                   "reduced ResNet-18 (width 20), stem + 4 stages"),
+    "mlp": ModelFacts(_FC4, "4 fully connected blocks", norm_blocks=(), bias_blocks=_FC4),
+    "mlp-bn": ModelFacts(_FC4, "4 fully connected blocks with BatchNorm", _FC4, _FC4),
+    "small-cnn": ModelFacts(_CONV3_FC, "3 conv blocks with BatchNorm, 1 fc block", _CONV3_FC[:3], _CONV3_FC),
+    "cnn1d": ModelFacts(_CONV3_FC, "small-cnn for 1-D signals: 3 conv blocks with BatchNorm, 1 fc block",
+                        _CONV3_FC, _CONV3_FC),
+    "resnet18-reduced": ModelFacts(_RESNET, "reduced ResNet-18 (width 20), stem + 4 stages", _RESNET, _RESNET),
+    "resnet18": ModelFacts(_RESNET, "torchvision's ResNet-18 (width 64; ImageNet weights with --download), "
+                           "stem + 4 stages", _RESNET, _RESNET),
 }
+
+
+def regime_problem(regime: str, model: str, dataset: str | None = None) -> str | None:
+    """Why `regime` cannot run on backbone `model` (too deep, or its family selects nothing), else None."""
+    facts = MODELS[model]
+    on = f"model {model!r}" + (f" of dataset {dataset!r}" if dataset else "")
+    r = parse_regime(regime)
+    n = facts.n_blocks
+    k = r.blocks(n)
+    if k > n:
+        return f"{regime!r} is deeper than {on} ({n} blocks); allowed: head, last-1..last-{n}, full (k up to {n})"
+    blocks = facts.blocks[n - k:] if k else ()
+    needed = {"norm": facts.norm_blocks, "bitfit": facts.bias_blocks}.get(r.family)
+    if needed is not None and not set(blocks) & set(needed):
+        what = "normalisation layers" if r.family == "norm" else "bias terms"
+        return (f"{regime!r} trains nothing on {on}: its blocks {', '.join(blocks) or '(none)'} have no "
+                f"{what}; allowed: a regime whose blocks have some ({', '.join(needed) or 'none on this model'})")
+    return None
 
 
 # -- data sets ----------------------------------------------------------------------------

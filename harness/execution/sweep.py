@@ -203,6 +203,7 @@ def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_rec
     # (the files that are not counted were reported with the plan: cli.commands.format_plan)
     for path in plan.stray:
         path.unlink(missing_ok=True)
+    _prepare_pretrained(plan.todo, options, log)
     bar = _progress_bar(len(plan.todo), progress)
     # `executor`: a name, or an executor object (e.g. a configured RayExecutor)
     runner = executor if hasattr(executor, "run") else make_executor(executor, options, jobs)
@@ -221,6 +222,17 @@ def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_rec
     finally:
         getattr(records, "close", lambda: None)()  # stop the workers now, before the lock goes
         bar.close()
+
+
+def _prepare_pretrained(specs, options: RunOptions, log) -> None:
+    """Compute each pretrained backbone the runs need once, here, before workers start (cached by content)."""
+    if not any(isinstance(s.pretrain, dict) for s in specs):
+        return
+    from ..run.engine import resolve_device
+    from ..run.pretrain import prepare_pretrained
+
+    prepare_pretrained([s for s in specs if isinstance(s.pretrain, dict)], data_dir=options.data_dir,
+                       download=options.download, device=str(resolve_device(options.device)), log=log)
 
 
 class _Stop:

@@ -6,8 +6,11 @@ from torch import nn
 
 
 def batchnorm_layers(model, blocks) -> list[nn.Module]:
-    """The BatchNorm layers inside the named blocks of a CLNet."""
-    return [m for b in blocks for m in model.blocks[b].modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    """The BatchNorm layers inside the named blocks of a CLNet, except those the regime froze
+    (CLNet.frozen_modules: e.g. every BatchNorm under LoRA keeps its pretrained statistics)."""
+    frozen = getattr(model, "frozen_modules", frozenset())
+    return [m for b in blocks for name, m in model.blocks[b].named_modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and ".".join(x for x in (b, name) if x) not in frozen]
 
 
 @torch.no_grad()

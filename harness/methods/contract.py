@@ -18,7 +18,7 @@ import torch
 
 from .. import compat  # noqa: F401  (quirks first)
 from ..config.specs import TrainingSpec
-from ..config.vocabulary import OPTIMIZERS
+from ..config.vocabulary import OPTIMIZERS, REGIME_FAMILIES
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,9 @@ class MethodAdapter:
     change, so that no old record is reused (files and entry points are identified by their
     content hash instead); `hparam_types`: the JSON types a hyperparameter accepts where its
     default's type does not say it (e.g. `{"alpha": (str, float)}`, `None` for null);
-    `implementation`: set by the registry, the identity that enters every run id.
+    `implementation`: set by the registry, the identity that enters every run id;
+    `regime_families`: the regime families the method runs faithfully on (a protocol pairing it
+    with another family is refused at load), `regime_note`: why, in one clause.
     """
 
     name: str
@@ -47,6 +49,8 @@ class MethodAdapter:
     version: str = "1"
     hparam_types: Mapping[str, tuple] = field(default_factory=lambda: MappingProxyType({}))
     implementation: str = ""
+    regime_families: tuple[str, ...] = REGIME_FAMILIES
+    regime_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,8 @@ class MethodContext:
     parameters only (the harness keeps it that way at every task boundary). `plugins` are
     the harness's own Avalanche plugins: a strategy must include them. `regime_blocks`
     names the shared blocks the run's regime trains (from task 2 on under first-task
-    pre-training, when task 1 trains everything). `accuracy(model, task)` is the harness's
+    pre-training, when task 1 trains everything), `regime_params` the effective weights it
+    changes (harness.methods.subspace). `accuracy(model, task)` is the harness's
     own evaluator (eval mode, the task's head) for diagnostics.
     """
 
@@ -79,6 +84,9 @@ class MethodContext:
     # (e.g. BECAME's α-sweep on seen tasks' test data); training uses the experiences.
     tasks: tuple = ()
     regime_blocks: tuple[str, ...] = ()
+    # Plain names of the effective shared weights the regime changes (W of a LoRA layer, a bias under
+    # bitfit, every parameter of regime_blocks under a depth regime): what merges act on.
+    regime_params: tuple[str, ...] = ()
     accuracy: Callable[[torch.nn.Module, Any], float] | None = None
 
     def strategy_kwargs(self, *extra_plugins) -> dict:

@@ -32,6 +32,9 @@ GPM_DEFAULTS = {"eps_base": 0.97, "eps_step": 0.003, "n_samples": 200, "batchnor
 BATCHNORM_POLICIES = ("batch-stats", "frozen-stats", "running-stats")
 
 
+GPM_REGIME_NOTE = ("GPM projects the gradients of trainable weight matrices onto the complement of past inputs; under bitfit/norm no weight matrix trains (the reference also freezes 1-D parameters after task 1), and a LoRA update BA cannot be kept in that complement by projecting its factors")
+
+
 def check_gpm_hparams(method: str, eps_base, eps_step, n_samples) -> None:
     """One clear line for a bad GPM threshold or sample count."""
     if not 0 < float(eps_base) <= 1:
@@ -204,5 +207,6 @@ ADAPTERS = (
                   "Gradient Projection Memory: gradients orthogonal to past tasks' input spaces",
                   "Saha, Garg & Roy, ICLR 2021", family="gpm", prefix_cache=True,
                   version="2",  # 2: BatchNorm policy, batch statistics in projected blocks by default
-                  captions={"gpm_memory_dims": "GPM memory dimension per layer after each task"}),
+                  captions={"gpm_memory_dims": "GPM memory dimension per layer after each task"},
+                  regime_families=("depth",), regime_note=GPM_REGIME_NOTE),
 )

@@ -7,9 +7,14 @@ evaluates and measures; training continues from the unmerged θ_t.
 
 - θ0 follows the protocol's `pretrain`: `first-task` → the model after task 1 (so task 1
   contributes no task vector, the first τ appears at task 2, and the evaluated model after
-  task 1 is θ_1 = θ0 itself); `none` → the initial model, captured before task 1.
-- τ_i = θ_i − θ0 over the regime's trainable shared blocks only (under `head` there are
-  none and the evaluated model is the trained one). Frozen blocks, BatchNorm buffers and
+  task 1 is θ_1 = θ0 itself); `none` → the initial model, captured before task 1; a pretrained
+  backbone (`{checkpoint|dataset|torchvision: ...}`) → the pretrained model, captured before
+  task 1, so task 1 contributes its task vector, as in MagMax.
+- τ_i = θ_i − θ0 over the *effective* weights the regime changes (ctx.regime_params; W + BA
+  for a LoRA layer, the biases under bitfit, every parameter of the trainable blocks under a
+  depth regime; under `head` there are none and the evaluated model is the trained one). The
+  merged model is a copy whose LoRA weights hold θ0 + λ·merge in the base with the adapters
+  zeroed (harness.methods.subspace). Frozen blocks, BatchNorm buffers and
   the heads of the evaluated model are the current model's. Heads are never merged: in
   task-IL, training task t gives gradients to head t only and the optimizer state is reset
   per task, so every earlier head is still exactly its own checkpoint (a test checks it);
@@ -35,6 +40,7 @@ from .. import compat  # noqa: F401  (quirks first)
 from avalanche.core import SupervisedPlugin
 from . import _merge_rules as rules
 from ._batchnorm import batchnorm_layers, recompute_statistics
+from .subspace import effective_weights, write_effective
 from .contract import MethodAdapter
 from .gpm import dataset_batches
 
@@ -44,10 +50,14 @@ RECOMPUTE_SAMPLES = 4096  # at most this many current-task samples re-estimate t
 REFERENCE = "Marczak et al., MagMax: Leveraging Model Merging for Seamless Continual Learning, ECCV 2024"
 
 
-def merged_parameters(model, blocks) -> dict:
-    """The shared parameters that carry task vectors: those of the regime's trainable `blocks`."""
-    return {f"blocks.{b}.{n}": p for b in blocks
-            for n, p in model.blocks[b].named_parameters()}
+def merged_weights(model, names) -> dict:
+    """The effective shared weights that carry task vectors (detached), by plain name."""
+    return effective_weights(model, names) if names else {}
+
+
+def trained_parameters(model) -> dict:
+    """Copies of the shared parameters that train now (adapters under LoRA): `independent` restarts them."""
+    return {n: p.detach().clone() for n, p in model.blocks.named_parameters(prefix="blocks") if p.requires_grad}
 
 
 def merged_statistics(model, blocks) -> dict:
@@ -70,14 +80,15 @@ def _vector_norm(tau: dict) -> float:
 class MergingPlugin(SupervisedPlugin):
     """Keeps θ0 and a running merge; evaluates θ0 + λ·merge, trains on the unmerged model."""
 
-    def __init__(self, merger: rules.RunningMerger, lam: float, blocks, pretrain: str,
+    def __init__(self, merger: rules.RunningMerger, lam: float, names, blocks, pretrain,
                  finetune: str = "sequential", rule: str = "", batchnorm: str = "recompute",
                  stats_merger: rules.RunningMerger | None = None, batch_size: int = 256):
         super().__init__()
-        self.merger, self.lam, self.blocks = merger, float(lam), tuple(blocks)
+        self.merger, self.lam, self.names, self.blocks = merger, float(lam), tuple(names), tuple(blocks)
         self.pretrain, self.finetune, self.rule = pretrain, finetune, rule
         self.batchnorm, self.stats_merger, self.batch_size = batchnorm, stats_merger, batch_size
         self.theta0: dict | None = None
+        self.raw0: dict | None = None  # the trained parameters at θ0 (LoRA: the adapters), for `independent`
         self.stats0: dict | None = None  # θ0's BatchNorm statistics (batchnorm: merge)
         self.dataset = None  # the current task's training data (batchnorm: recompute)
         self.signs = rules.SignCounter()
@@ -88,24 +99,27 @@ class MergingPlugin(SupervisedPlugin):
 
     def before_training_exp(self, strategy, **kwargs):
         self.model = strategy.model
-        params = merged_parameters(strategy.model, self.blocks)
-        if self.theta0 is None and self.pretrain == "none":
-            self.theta0 = {k: p.detach().clone() for k, p in params.items()}
-            self.stats0 = self._statistics(strategy.model)
+        if self.theta0 is None and self.pretrain != "first-task":
+            self._capture_theta0(strategy.model)
         elif self.theta0 is not None and self.finetune == "independent":
+            current = dict(strategy.model.blocks.named_parameters(prefix="blocks"))
             with torch.no_grad():  # heads, frozen blocks and buffers stay as they are
-                for k, p in params.items():
-                    p.copy_(self.theta0[k])
+                for k, value in self.raw0.items():
+                    current[k].copy_(value)
+
+    def _capture_theta0(self, model) -> None:
+        self.theta0 = {k: v.clone() for k, v in merged_weights(model, self.names).items()}
+        self.raw0 = trained_parameters(model)
+        self.stats0 = self._statistics(model)
 
     def after_training_exp(self, strategy, **kwargs):
         self.model = strategy.model
-        params = merged_parameters(strategy.model, self.blocks)
         self.dataset = strategy.experience.dataset
         if self.theta0 is None:  # pretrain = first-task: task 1 *is* θ0
-            self.theta0 = {k: p.detach().clone() for k, p in params.items()}
-            self.stats0 = self._statistics(strategy.model)
+            self._capture_theta0(strategy.model)
         else:
-            tau = {k: p.detach() - self.theta0[k] for k, p in params.items()}
+            current = merged_weights(strategy.model, self.names)
+            tau = {k: v - self.theta0[k] for k, v in current.items()}
             self.merger.add(tau)
             if self.stats0:
                 self.stats_merger.add({k: v - self.stats0[k] for k, v in self._statistics(strategy.model).items()})
@@ -126,9 +140,7 @@ class MergingPlugin(SupervisedPlugin):
         if not vector:  # no task vector yet (θ_1 = θ0) or nothing merged (regime `head`)
             return self.model
         evaluated = copy.deepcopy(self.model)
-        with torch.no_grad():
-            for k, p in merged_parameters(evaluated, self.blocks).items():
-                p.copy_(self.theta0[k] + vector[k])
+        write_effective(evaluated, {k: self.theta0[k] + vector[k] for k in vector})
         self._set_statistics(evaluated)
         return evaluated
 
@@ -180,12 +192,20 @@ def _check_batchnorm(method: str, batchnorm: str) -> str:
     return batchnorm
 
 
+def _merged_names(ctx) -> tuple:
+    """The effective weights task vectors cover: ctx.regime_params; a context made without them
+    (by hand, before regimes beyond depth) means every parameter of ctx.regime_blocks."""
+    if ctx.regime_params or not ctx.regime_blocks:
+        return tuple(ctx.regime_params)
+    return tuple(f"blocks.{b}.{n}" for b in ctx.regime_blocks for n, _ in ctx.model.blocks[b].named_parameters())
+
+
 def _strategy(ctx, method: str, make_merger, lam: float, finetune: str, batchnorm: str):
     """Naive training with the merging plugin; `make_merger()` gives the rule's running merger
     (a second one merges BatchNorm statistics under `batchnorm: merge`)."""
     from avalanche.training.supervised import Naive
 
-    plugin = MergingPlugin(make_merger(), lam, ctx.regime_blocks, ctx.pretrain,
+    plugin = MergingPlugin(make_merger(), lam, _merged_names(ctx), ctx.regime_blocks, ctx.pretrain,
                            _check_finetune(method, finetune), rule=method,
                            batchnorm=_check_batchnorm(method, batchnorm), stats_merger=make_merger(),
                            batch_size=ctx.eval_mb_size)

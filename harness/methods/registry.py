@@ -13,11 +13,11 @@ from pathlib import Path
 
 from ..config.errors import UserError
 from ..config.paths import submission_files, submissions_dir
-from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN
+from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, REGIME_FAMILIES
 from .contract import MethodAdapter
 
 # Modules of this package that are the machinery, not method families.
-INFRASTRUCTURE = frozenset({"contract", "registry", "index"})
+INFRASTRUCTURE = frozenset({"contract", "registry", "index", "subspace"})
 
 class RegistryError(UserError, ValueError):
     """A method module is unusable; the message names the file and the reason."""
@@ -43,7 +43,9 @@ def adapters_from_module(module, source: str) -> list[MethodAdapter]:
                             prefix_cache=getattr(module, "PREFIX_CACHE", False),
                             captions=getattr(module, "CAPTIONS", {}),
                             hparam_types=getattr(module, "HPARAM_TYPES", {}),
-                            version=getattr(module, "VERSION", "1"))
+                            version=getattr(module, "VERSION", "1"),
+                            regime_families=tuple(getattr(module, "REGIME_FAMILIES", REGIME_FAMILIES)),
+                            regime_note=str(getattr(module, "REGIME_NOTE", "")))
     adapter = validate_adapter(adapter, source)
     return [dataclasses.replace(adapter, defaults=dict(adapter.defaults), captions=dict(adapter.captions),
                                 hparam_types=dict(adapter.hparam_types))]
@@ -71,6 +73,10 @@ def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
     if not hasattr(captions, "items") or not all(isinstance(k, str) and isinstance(v, str) for k, v in captions.items()):
         raise RegistryError(f"{source}: CAPTIONS of {name!r} must map diagnostic keys to strings")
     _check_hparam_types(adapter, source)
+    families = adapter.regime_families
+    if not isinstance(families, tuple) or not families or any(f not in REGIME_FAMILIES for f in families):
+        raise RegistryError(f"{source}: REGIME_FAMILIES of {name!r} must be a non-empty tuple of "
+                            f"{', '.join(REGIME_FAMILIES)}, got {families!r}")
     if not isinstance(adapter.version, str) or not adapter.version:
         raise RegistryError(f"{source}: the version of {name!r} must be a non-empty string, got {adapter.version!r}")
     return adapter

@@ -10,7 +10,9 @@ import math
 
 import pandas as pd
 
-# One colour per regime, light (shallow) to dark (deep): depth reads as intensity.
+from ..analysis.frame import family_of
+
+# One colour per regime, light (small trainable subspace) to dark (large): size reads as intensity.
 REGIME_COLOURS = ("#f4a259", "#e76f51", "#b5446e", "#6a4c93", "#1d3557", "#0b132b")
 METHOD_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -28,6 +30,35 @@ def clean(v):
     if hasattr(v, "item"):
         v = v.item()
     return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def regime_colours(regimes) -> dict:
+    """Colour per regime in regime order: REGIME_COLOURS in turn, interpolated along them past six."""
+    n = len(regimes)
+    if n <= len(REGIME_COLOURS):
+        return dict(zip(regimes, REGIME_COLOURS))
+    rgb = [tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in REGIME_COLOURS]
+    out = {}
+    for i, r in enumerate(regimes):
+        t = i / (n - 1) * (len(rgb) - 1)
+        k = min(int(t), len(rgb) - 2)
+        a, b, f = rgb[k], rgb[k + 1], t - k
+        out[r] = "#" + "".join(f"{round(x + (y - x) * f):02x}" for x, y in zip(a, b))
+    return out
+
+
+def fraction_text(f) -> str:
+    """A trainable fraction as a percent with two significant digits (100%, 5.0%, 0.12%); — if unknown."""
+    if not ok(f):
+        return "—"
+    p = f * 100
+    digits = 0 if p <= 0 else max(0, 1 - math.floor(math.log10(p)))
+    return f"{p:.{digits}f}%"
+
+
+def tick_percent(v: float) -> str:
+    """An axis tick of a fraction as a short percent: 0.001 -> 0.1%, 1 -> 100%."""
+    return f"{v * 100:g}%"
 
 
 def text_width(text, size: float = 11) -> float:
@@ -85,6 +116,110 @@ def records_of(df: pd.DataFrame) -> list[dict]:
     return [{k: clean(v) for k, v in row.items()} for row in df.to_dict("records")]
 
 
+# ---------------------------------------------------------------- the trainable-fraction axis
+
+LABEL_ANGLE = 40  # degrees; regime names rotate when neighbours are too close to sit level
+DASHES = ("", "5 3", "1.5 3", "7 2 2 2", "3 2")  # one per family, in the order families come
+
+
+def fraction_positions(regs, fractions: dict | None, width: float, inset: float = 0.0) -> tuple[dict, tuple | None]:
+    """x in [0, width] per regime by log10 of its trainable fraction, and the log range shown (widened
+    by `inset` of it on each side); evenly spaced (range None) when any fraction is unknown, so every
+    protocol still gets a chart."""
+    fr = [(fractions or {}).get(r) for r in regs]
+    log = bool(regs) and all(ok(f) and f > 0 for f in fr)
+    vals = [math.log10(f) for f in fr] if log else list(range(len(regs)))
+    if not vals or max(vals) - min(vals) < 1e-9:  # one regime, or one fraction: the middle
+        return {r: width / 2 for r in regs}, ((vals[0] - 0.5, vals[0] + 0.5) if log else None)
+    lo, hi = min(vals), max(vals)
+    lo, hi = lo - inset * (hi - lo), hi + inset * (hi - lo)
+    return {r: round((v - lo) / (hi - lo) * width, 1) for r, v in zip(regs, vals)}, ((lo, hi) if log else None)
+
+
+def decade_ticks(span: tuple | None, width: float) -> list[dict]:
+    """Ticks of a log10 range [lo, hi] mapped onto [0, width]: powers of ten, with 2x and 5x when
+    fewer than two decades show; labels are percents."""
+    if span is None:
+        return []
+    lo, hi = span
+    values = [10.0 ** k for k in range(math.floor(lo), math.ceil(hi) + 1)]
+    if sum(lo - 1e-9 <= math.log10(v) <= hi + 1e-9 for v in values) < 2:
+        values = sorted(v * m for v in values for m in (1, 2, 5))
+    inside = [v for v in values if lo - 1e-9 <= math.log10(v) <= hi + 1e-9]
+    return [{"x": round((math.log10(v) - lo) / (hi - lo) * width, 1), "label": tick_percent(v)}
+            for v in inside]
+
+
+def top_labels(xs: dict, width: float, size: float = 10) -> dict:
+    """Regime names above a plot at their x: level when neighbours fit, else rotated LABEL_ANGLE and
+    spread at least 17 px apart (a leader line joins a moved name to its x). Returns the labels and
+    the px they need above the plot and past its left and right edges."""
+    order = sorted(xs, key=lambda r: (xs[r], r))
+    w = {r: text_width(r, size) for r in order}
+    level = all(xs[b] - xs[a] >= (w[a] + w[b]) / 2 + 6 for a, b in zip(order, order[1:]))
+    if level:
+        items = [{"regime": r, "x": xs[r], "at": xs[r], "rotate": 0} for r in order]
+        return {"items": items, "top": size + 8, "left": max([w[r] / 2 - xs[r] for r in order] + [0]),
+                "right": max([xs[r] + w[r] / 2 - width for r in order] + [0])}
+    pos = spread([xs[r] for r in order], 17, 0, width)
+    c, s = math.cos(math.radians(LABEL_ANGLE)), math.sin(math.radians(LABEL_ANGLE))
+    items = [{"regime": r, "x": round(p, 1), "at": xs[r], "rotate": -LABEL_ANGLE} for r, p in zip(order, pos)]
+    return {"items": items, "top": max(w.values()) * s + size * c + 14,
+            "left": max([size * s - it["x"] for it in items] + [0]),
+            "right": max([it["x"] + w[it["regime"]] * c - width for it in items] + [0])}
+
+
+def _place(labels: dict, L: float, T: float) -> list[dict]:
+    """Absolute px of top labels over a plot whose top-left corner is (L, T)."""
+    return [{**it, "x": round(L + it["x"], 1), "at": round(L + it["at"], 1), "y": T - (12 if it["rotate"] else 6)}
+            for it in labels["items"]]
+
+
+def fraction_profile(rows: list[dict], key: str, scale: float, colours: dict, ylabel: str) -> dict | None:
+    """Mean `key` (norm or forgetting) with its CI per regime against the trainable fraction (log x),
+    one dashed line per family, in px; None when no regime has a value."""
+    rows = [r for r in rows if ok(r.get(key))]
+    if not rows:
+        return None
+    regs = [r["regime"] for r in rows]
+    W, H, B, size = 380, 170, 40, 10
+    xs, span = fraction_positions(regs, {r["regime"]: r.get("fraction") for r in rows}, W, inset=0.05)
+    labels = top_labels(xs, W, size)
+    vals = [v for r in rows for v in (r[key], r.get(f"{key}_lo"), r.get(f"{key}_hi")) if ok(v)]
+    # from 0 (a size, not a difference), unless something measured lies below it
+    ylo, yhi = y_limits([v * scale for v in vals] + [0.0], floor=0.0 if min(vals) >= 0 else None)
+    L = math.ceil(max(46, labels["left"] + 4))
+    T = math.ceil(labels["top"] + 4)
+
+    def py(v):
+        return round(T + H - (v * scale - ylo) / (yhi - ylo) * H, 1)
+
+    fams = list(dict.fromkeys(r.get("family") or "" for r in rows))
+    points = [{"regime": r["regime"], "family": r.get("family") or "", "x": round(L + xs[r["regime"]], 1),
+               "y": py(r[key]), "lo": py(r[f"{key}_lo"]) if ok(r.get(f"{key}_lo")) else None,
+               "hi": py(r[f"{key}_hi"]) if ok(r.get(f"{key}_hi")) else None, "v": r[key] * scale,
+               "v_lo": r[f"{key}_lo"] * scale if ok(r.get(f"{key}_lo")) else None,
+               "v_hi": r[f"{key}_hi"] * scale if ok(r.get(f"{key}_hi")) else None,
+               "fraction": fraction_text(r.get("fraction")), "trainable": r.get("trainable"),
+               "colour": colours.get(r["regime"], REGIME_COLOURS[-1])} for r in rows]
+    lines = []
+    for i, f in enumerate(fams):
+        mine = sorted((p for p in points if p["family"] == f), key=lambda p: p["x"])
+        lines.append({"family": f, "dash": DASHES[i % len(DASHES)], "points": " ".join(f"{p['x']},{p['y']}" for p in mine),
+                      "n": len(mine)})
+    # a legend of the family lines drawn (a family of one regime has a point, no line)
+    drawn = [ln for ln in lines if ln["n"] > 1] if len(fams) > 1 else []
+    legend_w = max([text_width(ln["family"], size) for ln in drawn] + [0]) + 34 if drawn else 0
+    right = max(labels["right"], legend_w + 8, 10)
+    return {"W": W, "H": H, "L": L, "T": T, "points": points, "lines": lines, "log": span is not None,
+            "xticks": [{**t, "x": round(L + t["x"], 1)} for t in decade_ticks(span, W)],
+            "yticks": [{"y": round(T + H - (v - ylo) / (yhi - ylo) * H, 1), "label": f"{v:g}"} for v in nice_ticks(ylo, yhi, 5)],
+            "labels": _place(labels, L, T), "ylabel": ylabel,
+            "xlabel": "trainable fraction (log scale)" if span else "regime (trainable fraction unknown: evenly spaced)",
+            "legend": [{"family": ln["family"], "dash": ln["dash"], "y": T + 10 + 14 * i} for i, ln in enumerate(drawn)],
+            "width": math.ceil(L + W + right), "height": T + H + B}
+
+
 # ---------------------------------------------------------------- rankings
 
 def rank_whiskers(gr: pd.DataFrame, regimes) -> dict:
@@ -98,6 +233,7 @@ def rank_whiskers(gr: pd.DataFrame, regimes) -> dict:
 def heatmap(tau: pd.DataFrame, regs, degenerate: dict | None = None) -> dict:
     """Kendall tau cells (tau, p) for every regime pair; degenerate regimes hatched, with their reasons."""
     degenerate = degenerate or {}
+    fams = {family_of(r) for r in regs}
     index = {(a, b): row for a, b, row in zip(tau["regime_a"], tau["regime_b"], records_of(tau))}
     cells = []
     for i, a in enumerate(regs):
@@ -105,7 +241,8 @@ def heatmap(tau: pd.DataFrame, regs, degenerate: dict | None = None) -> dict:
             row = index.get((a, b), {})
             v, p = row.get("tau"), row.get("p")
             cells.append({"i": i, "j": j, "v": v, "p": p, "fill": diverging(v), "n": row.get("n_methods") or 0,
-                          "note": row.get("note") or "", "hatch": a in degenerate or b in degenerate})
+                          "note": row.get("note") or "", "hatch": a in degenerate or b in degenerate,
+                          "within": i != j and family_of(a) == family_of(b) and len(fams) > 1})
     label = max([text_width(f"{r} †") for r in regs] + [40])
     c = int(min(110, max(62, label + 10)))
     return {"cells": cells, "regs": regs, "c": c, "L": math.ceil(label) + 12,
@@ -113,8 +250,9 @@ def heatmap(tau: pd.DataFrame, regs, degenerate: dict | None = None) -> dict:
             "marked": {r: r in degenerate for r in regs}}
 
 
-def rank_shift(mt: pd.DataFrame, regs, colours: dict) -> dict:
-    """Mean rank per regime, one line per method, laid out in px; end labels spread so they never overlap."""
+def rank_shift(mt: pd.DataFrame, regs, colours: dict, fractions: dict | None = None) -> dict:
+    """Mean rank per regime against the trainable fraction (log x; evenly spaced when a fraction is
+    unknown), one line per method, in px; regime names on top, end labels spread apart."""
     methods = sorted(mt["method"].unique())
     lines = []
     for m in methods:
@@ -122,23 +260,29 @@ def rank_shift(mt: pd.DataFrame, regs, colours: dict) -> dict:
         pts = [{"x": i, "y": clean(sub.at[r, "mean_rank"]) if r in sub.index else None} for i, r in enumerate(regs)]
         lines.append({"method": m, "colour": colours.get(m, METHOD_COLOURS[0]), "pts": pts})
     kmax = math.ceil(max([p["y"] for ln in lines for p in ln["pts"] if p["y"] is not None] + [2]))
-    n, T, gap = len(regs), 16, 13
-    W = max(280, 80 * (n - 1))
-    H = max(220, gap * (len(methods) + 1) + 2 * T)
-    L = max(30, math.ceil(text_width(regs[0], 11) / 2) + 4) if regs else 30
-    sx = W / max(n - 1, 1)
-    sy = (H - 2 * T) / max(kmax - 1, 1)
+    n, gap, pad = len(regs), 13, 16
+    known = bool(regs) and all(ok((fractions or {}).get(r)) for r in regs)
+    W = max(420 if known and n >= 5 else 280, 80 * (n - 1))  # on a log axis many regimes bunch: room
+    xs, span = fraction_positions(regs, fractions, W)
+    labels = top_labels(xs, W, 11)
+    T = math.ceil(labels["top"] + 6)
+    H = max(220, gap * (len(methods) + 1) + 2 * pad)  # plot from T to T + H - 2 pad, ticks below
+    L = max(30, math.ceil(labels["left"]) + 4)
+    sy = (H - 2 * pad) / max(kmax - 1, 1)
     ends = []
     for ln in lines:
-        ln["px"] = [(round(L + p["x"] * sx, 1), round(T + (p["y"] - 1) * sy, 1)) for p in ln["pts"] if p["y"] is not None]
+        ln["px"] = [(round(L + xs[regs[p["x"]]], 1), round(T + (p["y"] - 1) * sy, 1)) for p in ln["pts"]
+                    if p["y"] is not None]
         if ln["px"]:
             ends.append(ln)
-    for ln, y in zip(ends, spread([ln["px"][-1][1] for ln in ends], gap, T, H - T)):
-        ln["label"] = {"x": ln["px"][-1][0] + 8, "y": round(y + 4, 1)}
+    bottom = T + H - 2 * pad
+    for ln, y in zip(ends, spread([ln["px"][-1][1] for ln in ends], gap, T, bottom)):
+        ln["label"] = {"x": max(ln["px"], key=lambda q: q[0])[0] + 8, "y": round(y + 4, 1)}
     right = max([text_width(ln["method"]) for ln in ends] + [30]) + 16
-    last = max(text_width(regs[-1], 11) / 2 if regs else 0, 0)
-    return {"lines": lines, "regs": regs, "kmax": kmax, "W": W, "H": H, "L": L, "T": T, "sx": sx, "sy": sy,
-            "width": math.ceil(L + W + max(right, last) + 4), "height": H + 26}
+    return {"lines": lines, "regs": regs, "kmax": kmax, "W": W, "H": H, "L": L, "T": T, "sy": sy,
+            "bottom": bottom, "x": {r: round(L + x, 1) for r, x in xs.items()}, "labels": _place(labels, L, T - 4),
+            "xticks": [{**t, "x": round(L + t["x"], 1)} for t in decade_ticks(span, W)], "log": span is not None,
+            "width": math.ceil(L + W + max(right, labels["right"]) + 4), "height": bottom + 34}
 
 
 def cd_diagrams(mt: pd.DataFrame, fr: pd.DataFrame, regs) -> list[dict]:

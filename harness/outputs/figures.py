@@ -2,7 +2,9 @@
 
 Figures: mean rank per regime (rank shifts), Kendall tau between regimes, update norm vs
 forgetting, accuracy curves over tasks (when the analysis provides tables["curves"]) and ACC /
-forgetting with CIs. Regimes run shallow to deep on every regime axis; legends sit outside the axes.
+forgetting with CIs. Regimes run from the smallest trainable subspace to the largest; where a
+figure plots against the regime, x is its trainable fraction on a log axis, regime names on top
+(evenly spaced names instead when a fraction is unknown). Legends sit outside the axes.
 """
 from __future__ import annotations
 
@@ -13,13 +15,17 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and the same rasteriser everywhere; before any pyplot import
 
+import matplotlib.ticker  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from ..analysis.families import regime_table  # noqa: E402
 from ..analysis.frame import percent_scale, regime_order  # noqa: E402
 from ..config.text import terminal_safe  # noqa: E402
+from .charts import spread, tick_percent  # noqa: E402
 from .site import slug  # noqa: E402  (file names: readable prefix + hash, safe for any label)
 
 FORMATS = ("pdf", "png")
@@ -96,15 +102,72 @@ def _methods_of(tables: dict, ds) -> pd.DataFrame:
     return m[m["dataset"] == ds]
 
 
-def _regime_axis(ax, regimes) -> None:
-    ax.set_xticks(range(len(regimes)), [text(r) for r in regimes], rotation=30, ha="right")
-    ax.set_xlim(-0.5, len(regimes) - 0.5)
-    ax.set_xlabel("regime (shallow → deep)")
+def regime_x(tables: dict, ds, regimes) -> tuple[dict, bool]:
+    """x per regime: its trainable fraction on the dataset (True) when every one is known, else 0, 1, ... (False)."""
+    rt = tables.get("regimes")
+    rt = regime_table(tables["runs"]) if rt is None else rt
+    sub = rt[rt["dataset"] == ds]
+    fr = dict(zip(sub["regime"], sub["fraction"].astype(float)))
+    if regimes and all(math.isfinite(fr.get(r, math.nan)) and fr[r] > 0 for r in regimes):
+        return {r: fr[r] for r in regimes}, True
+    return {r: float(i) for i, r in enumerate(regimes)}, False
+
+
+def _regime_axis(ax, xs: dict, log: bool, names_on=None) -> None:
+    """The regime axis: log trainable fraction (percent ticks) with the regime names over names_on
+    (default ax), or the names as ticks when the fractions are unknown."""
+    regimes = list(xs)
+    if not log:
+        ax.set_xticks(range(len(regimes)), [text(r) for r in regimes], rotation=30, ha="right")
+        ax.set_xlim(-0.5, len(regimes) - 0.5)
+        ax.set_xlabel("regime (smallest trainable subspace first)")
+        return
+    lo, hi = min(xs.values()), max(xs.values())
+    pad = max((hi / lo) ** 0.08, 1.3)  # room for the dodged whiskers at both ends
+    ax.set_xscale("log")
+    ax.set_xlim(lo / pad, hi * pad)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: tick_percent(v)))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    if hi / lo < 30:  # under ~1.5 decades the powers of ten alone leave the axis unlabelled
+        ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.set_xlabel("trainable fraction (log scale)")
+    _regime_names(names_on or ax, xs)
+
+
+def _regime_names(ax, xs: dict) -> None:
+    """Regime names above the axes at their fraction, rotated and spread apart, a leader line to each;
+    a faint vertical line marks every regime."""
+    lo, hi = (math.log10(v) for v in ax.get_xlim())
+    at = {r: (math.log10(x) - lo) / (hi - lo) for r, x in xs.items()}
+    order = sorted(xs, key=lambda r: (at[r], r))
+    width = ax.figure.get_figwidth() * 0.6  # inches of the axes, roughly: labels need ~0.12 in each
+    pos = spread([at[r] for r in order], 0.12 / width, 0.0, 1.0)
+    for r, p in zip(order, pos):
+        ax.axvline(xs[r], color="0.88", linewidth=0.6, zorder=0)
+        ax.plot([at[r], p], [1.0, 1.04], transform=ax.transAxes, color="0.6", linewidth=0.5, clip_on=False)
+        ax.text(p, 1.05, text(r), transform=ax.transAxes, rotation=45, rotation_mode="anchor", ha="left",
+                va="bottom", fontsize=6.5, gid="regime-name")
+
+
+def regime_names(ax) -> list[str]:
+    """The regime names _regime_names drew over ax, left to right."""
+    texts = [t for t in ax.texts if t.get_gid() == "regime-name"]
+    return [t.get_text() for t in sorted(texts, key=lambda t: t.get_position()[0])]
 
 
 def _dodge(i: int, k: int, width: float = 0.5) -> float:
     """Horizontal offset of method i of k, so that whiskers at one regime do not overlap."""
     return 0.0 if k == 1 else (i - (k - 1) / 2) * width / k
+
+
+def _dodged(x: np.ndarray, xs: dict, log: bool, i: int, k: int, width: float) -> np.ndarray:
+    """x moved by method i's dodge: a shift on an index axis; on a log axis a factor, in units of
+    the mean step between regimes (decades), at most a tenth of a decade."""
+    if not log:
+        return x + _dodge(i, k, width)
+    v = list(xs.values())
+    step = math.log10(max(v) / min(v)) / max(len(v) - 1, 1) if len(v) > 1 else 1.0
+    return x * 10 ** (_dodge(i, k, width) * min(step, 0.4))
 
 
 # ------------------------------------------------------------------------- (a) rank shifts
@@ -115,20 +178,20 @@ def rank_shift(tables: dict, ds) -> Figure | None:
     if sub.empty:
         return None
     regimes = _regimes(tables, sub["regime"])
-    pos = {r: i for i, r in enumerate(regimes)}
+    pos, log = regime_x(tables, ds, regimes)
     methods = sorted(sub["method"].unique())
     style = _style(methods)
     fig, (ax,) = _figure()
     for i, m in enumerate(methods):
         d = sub[sub["method"] == m].assign(x=lambda f: f["regime"].map(pos)).sort_values("x")
-        x = d["x"].to_numpy() + _dodge(i, len(methods), 0.3)
+        x = _dodged(d["x"].to_numpy(), pos, log, i, len(methods), 0.3)
         err = np.vstack([d["mean_rank"] - d["rank_lo"], d["rank_hi"] - d["mean_rank"]]).clip(min=0)
         colour, marker = style[m]
         ax.errorbar(x, d["mean_rank"], yerr=err, color=colour, marker=marker, label=text(m))
     ax.set_ylim(len(methods) + 0.5, 0.5)  # rank 1 on top
     ax.set_yticks(range(1, len(methods) + 1))
     ax.set_ylabel("mean rank (1 = best)")
-    _regime_axis(ax, regimes)
+    _regime_axis(ax, pos, log)
     fig.suptitle(f"{text(ds)}: mean rank per regime")
     fig.legend(title="method", **LEGEND)
     return fig
@@ -256,7 +319,7 @@ def acc_forgetting(tables: dict, ds) -> Figure | None:
         return None
     scale = percent_scale(tables["runs"])
     regimes = _regimes(tables, sub["regime"])
-    pos = {r: i for i, r in enumerate(regimes)}
+    pos, log = regime_x(tables, ds, regimes)
     methods = sorted(sub["method"].unique())
     style = _style(methods)
     fig, axes = _figure(2, rows=2, sharex=True)
@@ -266,10 +329,10 @@ def acc_forgetting(tables: dict, ds) -> Figure | None:
             d = sub[sub["method"] == m].dropna(subset=[metric]).assign(x=lambda f: f["regime"].map(pos))
             err = np.vstack([d[metric] - d[f"{metric}_lo"], d[f"{metric}_hi"] - d[metric]]).clip(min=0) * scale
             colour, marker = style[m]
-            ax.errorbar(d["x"] + _dodge(i, len(methods)), d[metric] * scale, yerr=err, color=colour,
-                        marker=marker, linestyle="none")
+            ax.errorbar(_dodged(d["x"].to_numpy(), pos, log, i, len(methods), 0.5), d[metric] * scale, yerr=err,
+                        color=colour, marker=marker, linestyle="none")
         ax.set_ylabel(label)
-    _regime_axis(axes[1], regimes)
+    _regime_axis(axes[1], pos, log, names_on=axes[0])
     axes[0].tick_params(labelbottom=False)
     fig.suptitle(f"{text(ds)}: ACC and forgetting")
     _method_legend(fig, style)

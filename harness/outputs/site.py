@@ -14,12 +14,13 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
+from ..analysis.families import ALL as POOLED, families_in, regime_table
 from ..analysis.frame import FLAG, percent_scale, regime_order
 from ..analysis.tables import analyse, headline
 from ..config.paths import REPOSITORY
 from ..config.specs import RunRecord
 from ..config.text import spreadsheet_safe
-from ..config.vocabulary import WARNINGS
+from ..config.vocabulary import FAMILY_DESCRIPTIONS, WARNINGS, pretrain_label
 from ..execution.reproduce import reproduce_command
 from . import charts
 from .charts import METHOD_COLOURS, REGIME_COLOURS, ok as _ok, records_of as _records_of
@@ -43,7 +44,7 @@ def _env() -> jinja2.Environment:
                        tojson_pretty=lambda v: json.dumps(v, indent=1, default=str),
                        thousands=_thousands, flag_title=flag_title, p=p_text,
                        p_eq=_p_eq,
-                       prob=lambda x: _num(x, 3), listing=_listing, val=_value)
+                       prob=lambda x: _num(x, 3), listing=_listing, val=_value, frac=charts.fraction_text)
     return env
 
 
@@ -206,7 +207,7 @@ def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | No
     methods = sorted(frame["method"].unique())
     infos = _method_infos()
     base = {"protocol": _protocol(records), "scale": percent_scale(frame), "regimes": regimes,
-            "regime_colour": {r: REGIME_COLOURS[min(i, len(REGIME_COLOURS) - 1)] for i, r in enumerate(regimes)},
+            "regime_colour": charts.regime_colours(regimes), "regime_info": _regime_info(tables),
             "method_colour": {m: METHOD_COLOURS[i % len(METHOD_COLOURS)] for i, m in enumerate(methods)},
             "datasets": sorted(frame["dataset"].unique()), "methods": methods,
             "results_dir": results_dir, "include_flagged": include_flagged, "flag": FLAG,
@@ -274,6 +275,42 @@ def _present(t: dict, key: str) -> pd.DataFrame | None:
     return df if isinstance(df, pd.DataFrame) else None
 
 
+def _regime_info(t: dict) -> dict[str, dict]:
+    """Per regime: its family, the median trainable fraction and count over data sets, and each
+    data set's own (backbones differ between data sets, so do their fractions)."""
+    rt = _present(t, "regimes")
+    rt = regime_table(t["runs"]) if rt is None else rt
+    out = {}
+    for rg, sub in rt.groupby("regime", sort=False):
+        per = [{"dataset": r["dataset"], "fraction": r["fraction"], "trainable": r["trainable"], "total": r["total"]}
+               for r in _records_of(sub)]
+        out[rg] = {"family": str(sub["family"].iloc[0]), "fraction": _clean(sub["fraction"].median()),
+                   "trainable": _clean(sub["trainable"].median()), "per_dataset": per,
+                   "same": len({(r["fraction"], r["trainable"]) for r in per}) <= 1}
+    return out
+
+
+def _clean(x):
+    """A float for JSON and templates (NaN -> None)."""
+    return charts.clean(float(x)) if x is not None else None
+
+
+def _families(t: dict, ds: str | None, regimes) -> dict | None:
+    """Within vs across families of one data set (None: all) for the pages; None with one family."""
+    fams = families_in(regimes)
+    summary, fw = _present(t, "families"), _present(t, "family_w")
+    if len(fams) < 2 or summary is None:
+        return None
+    rows = {r["kind"]: r for r in _records_of(summary[summary["dataset"] == (ds or POOLED)])}
+    per_dataset = [{"dataset": d, **{r["kind"]: r for r in _records_of(sub)}}
+                   for d, sub in summary[summary["dataset"] != POOLED].groupby("dataset", sort=True)]
+    absent = _present(t, "absent")
+    absent = _records_of(absent if ds is None else absent[absent["dataset"] == ds]) if absent is not None else []
+    w = _records_of(fw[fw["dataset"] == ds]) if fw is not None and ds is not None else []
+    return {"families": fams, "within": rows.get("within"), "across": rows.get("across"), "per_dataset": per_dataset,
+            "w": w, "absent": absent}
+
+
 def _degenerate_map(t: dict, ds: str) -> dict[str, str]:
     """{regime: reason} of the dataset's degenerate regimes (none when the analysis has no such table)."""
     deg = _present(t, "degenerate")
@@ -295,7 +332,9 @@ def _overview(w: _Writer, t: dict, records) -> Path:
                  "flagged runs": w.table(t["flagged"], "flagged"), "training budget": w.table(t["budget"], "budget")}
     downloads.update({name: w.table(t[key], key) for name, key in (
         ("design power", "power"), ("credible reversals", "credible_reversals"),
-        ("degenerate regimes", "degenerate")) if _present(t, key) is not None})
+        ("degenerate regimes", "degenerate"), ("regimes (family, trainable fraction)", "regimes"),
+        ("within vs across families", "families"), ("τ by family pair", "family_tau"),
+        ("W per family", "family_w"), ("methods absent by design", "absent")) if _present(t, key) is not None})
     ctx = {
         "title": "Overview", "n_runs": len(frame),
         "status_counts": frame["status"].value_counts().to_dict(),
@@ -303,6 +342,8 @@ def _overview(w: _Writer, t: dict, records) -> Path:
                          for ds, row in status.iterrows()],
         "statuses": list(status.columns),
         "headline": headline(t), "setup": _setup(records, frame),
+        "families": _families(t, None, w.base["regimes"]),
+        "family_descriptions": {f: FAMILY_DESCRIPTIONS.get(f, "") for f in families_in(w.base["regimes"])},
         "power": _power(_present(t, "power")), "bayes_blind": _bayes_blind(_present(t, "power")),
         "flagged": _records_of(t["flagged"]), "budget": _budget_summary(t["budget"]),
         "unranked": [r for r in w.base["regimes"] if r not in set(gr["regime"])],
@@ -323,7 +364,8 @@ def _setup(records, frame: pd.DataFrame) -> dict:
         return sorted({_text(get(s)) for s in specs}, key=str)
 
     ok_steps = frame.loc[frame["status"] == "ok", "optimizer_steps"].dropna() if "optimizer_steps" in frame else []
-    return {"scenario": values(lambda s: s.scenario), "pretrain": values(lambda s: s.pretrain),
+    # A pretrained backbone is a mapping ({dataset: ..} or {checkpoint: .., sha256: ..}): shown by its label.
+    return {"scenario": values(lambda s: s.scenario), "pretrain": values(lambda s: pretrain_label(s.pretrain)),
             "epochs": values(lambda s: s.training.epochs), "batch_size": values(lambda s: s.training.batch_size),
             "optimizer": values(lambda s: s.training.optimizer), "lr": values(lambda s: s.training.lr),
             "momentum": values(lambda s: s.training.momentum),
@@ -374,7 +416,9 @@ DATASET_DOWNLOADS = (("method x regime", "methods"), ("Kendall tau", "tau"), ("r
                      ("credible reversals", "credible_reversals"), ("Bayesian comparisons", "bayes"),
                      ("design power", "power"), ("degenerate regimes", "degenerate"), ("accuracy curves", "curves"),
                      ("Friedman + CD", "friedman"), ("Nemenyi pairwise p", "nemenyi"), ("W across orders", "w_orders"),
-                     ("norm vs forgetting", "norm_forgetting"), ("depth profile", "depth_profile"),
+                     ("norm vs forgetting", "norm_forgetting"), ("norm vs forgetting per family", "norm_forgetting_family"),
+                     ("regimes (family, trainable fraction)", "regimes"), ("within vs across families", "family_tau"),
+                     ("W per family", "family_w"), ("depth profile", "depth_profile"),
                      ("depth trend", "depth_trend"), ("step level", "step_level"), ("runs", "runs"))
 
 
@@ -384,19 +428,26 @@ def _dataset_page(w: _Writer, t: dict, ds: str) -> Path:
     regs = [r for r in w.base["regimes"] if r in set(sel["methods"]["regime"])]
     deg = _degenerate_map(t, ds)
     colours = w.base["method_colour"]
+    fractions = {r["regime"]: r["fraction"] for r in _records_of(sel["regimes"])} if "regimes" in sel else None
     ctx = {
         "title": ds, "dataset": ds, "regs": regs, "degenerate": deg,
-        "grid": _grid(sel["methods"], regs, deg),
+        "grid": _grid(sel["methods"], regs, deg, _regime_cells(sel.get("regimes"))),
         "rows": _records_of(sel["methods"]),
         "tau": charts.heatmap(sel["tau"], regs, deg),
-        "rank_shift": charts.rank_shift(sel["methods"], regs, colours),
+        "rank_shift": charts.rank_shift(sel["methods"], regs, colours, fractions),
+        "families": _families(t, ds, regs),
+        "family_descriptions": {f: FAMILY_DESCRIPTIONS.get(f, "") for f in families_in(regs)},
+        "regime_rows": _records_of(sel["regimes"]) if "regimes" in sel else [],
+        "nf_family": _records_of(sel["norm_forgetting_family"]) if "norm_forgetting_family" in sel else [],
         "curves": charts.curve_panels(sel.get("curves"), regs, colours, w.base["scale"]),
         "credible": _records_of(sel["credible_reversals"]) if "credible_reversals" in sel else None,
         "bayes": _bayes_matrices(sel["bayes"], regs) if "bayes" in sel else None,
         "power": _power(sel.get("power"), with_dataset=False),
         "wilcoxon_decides": _wilcoxon_decides(sel.get("power")),
         "scatter": charts.scatter(sel["runs"], sel["norm_forgetting"], regs),
-        "profile": _records_of(sel["depth_profile"]),
+        "profile": {k: charts.fraction_profile(_records_of(sel["depth_profile"]), k, f, w.base["regime_colour"], label)
+                    for k, f, label in (("norm", 1.0, "mean update norm"),
+                                        ("forgetting", w.base["scale"], "forgetting" + (" %" if w.base["scale"] == 100 else "")))},
         "trend": _records_of(sel["depth_trend"]),
         "cd": charts.cd_diagrams(sel["methods"], sel["friedman"], regs),
         "friedman": _records_of(sel["friedman"]), "w_orders": _records_of(sel["w_orders"]),
@@ -416,8 +467,14 @@ def _wilcoxon_decides(power: pd.DataFrame | None) -> bool:
     return bool(rows["reachable"].all())
 
 
-def _grid(mt: pd.DataFrame, regs, degenerate: dict) -> dict:
-    """Method x regime cells (ACC, CI, forgetting, flags); the best mean ACC of each regime marked.
+def _regime_cells(rt: pd.DataFrame | None) -> dict:
+    """{regime: {family, fraction}} of one data set's regime table (empty without one)."""
+    return {} if rt is None else {r["regime"]: {"family": r["family"], "fraction": r["fraction"]} for r in _records_of(rt)}
+
+
+def _grid(mt: pd.DataFrame, regs, degenerate: dict, info: dict | None = None) -> dict:
+    """Method x regime cells (ACC, CI, forgetting, flags); the best mean ACC of each regime marked;
+    per regime its family and trainable fraction (info: _regime_cells).
 
     A degenerate regime marks no best: every method ties there.
     """
@@ -431,7 +488,10 @@ def _grid(mt: pd.DataFrame, regs, degenerate: dict) -> dict:
     out = []
     for m, cells in rows.items():
         out.append({"method": m, "cells": [_grid_cell(cells.get(rg), best[rg]) for rg in regs]})
-    return {"rows": out, "regs": [{"name": rg, "degenerate": degenerate.get(rg, "")} for rg in regs]}
+    info = info or {}
+    return {"rows": out, "regs": [{"name": rg, "degenerate": degenerate.get(rg, ""),
+                                   "family": info.get(rg, {}).get("family", ""),
+                                   "fraction": info.get(rg, {}).get("fraction")} for rg in regs]}
 
 
 def _grid_cell(r: dict | None, best) -> dict | None:

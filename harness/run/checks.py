@@ -7,8 +7,13 @@ A record with a failed check carries a warning (`config.vocabulary.WARNINGS` nam
   test set), chance = 1 / (outputs of the head that answers: classes per task in task-IL, all
   classes in class-IL).
 - `below-probe` (task-IL): R[t][t] is more than 10 points below a logistic-regression probe fitted
-  on the evaluated model's own features of task t's training data (harness/run/probe.py): the
+  on the trained model's own features of task t's training data (harness/run/probe.py): the
   features can separate the task, the trained head does not.
+
+The checks ask whether *training* learned each task. For a method that evaluates another model
+than the one it trains (a merge: θ0 + λ·merge), R[t][t] is the method's answer, not a sign of a
+short budget: the checks then use the trained model's accuracy on task t (`trained_acc`, task-IL),
+measured on the same test set. Elsewhere `trained_acc` is None and R[t][t] is used.
 - `loss-flat`: the mean training loss of the task's last 10 % of iterations is ≥ 95 % of its
   first 10 % and still above half the loss of a uniform guess, ln(outputs).
 """
@@ -75,4 +80,10 @@ def run_warnings(acc_matrix, checks: dict, scenario: str) -> list[dict]:
     if not checks or "chance" not in checks:
         return []
     return [w for t, row in enumerate(acc_matrix) if t < len(row) and t < len(checks.get("n_test", []))
-            for w in task_warnings(t, float(row[t]), checks, scenario)]
+            for w in task_warnings(t, _learned(t, row, checks), checks, scenario)]
+
+
+def _learned(t: int, row, checks: dict) -> float:
+    """What training reached on task t: the trained model's accuracy where a merge is evaluated, else R[t][t]."""
+    trained = _at(checks.get("trained_acc"), t)
+    return float(trained) if trained is not None else float(row[t])

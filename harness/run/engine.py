@@ -13,20 +13,21 @@ import torch
 
 from .. import compat  # noqa: F401
 from ..config.specs import RunRecord, RunSpec, failed_record
-from ..config.vocabulary import regime_depth
+from ..config.vocabulary import pretrain_label, regime_depth
 from ..methods import contract
 from ..methods.contract import MethodContext, make_optimizer
 from ..methods.registry import get_registry
 from .datasets import dataset_fingerprint, load_dataset
 from .evaluation import evaluate_class_il, task_accuracy
 from .metrics import all_metrics, step_forgetting
-from .models import build_model, shared_named_parameters, trainable_block_names
+from .models import build_model, shared_effective_weights, trainable_block_names
 from .checks import head_outputs, loss_windows, run_warnings
 from .norms import snapshot, update_norms
 from .plugins import DivergedError, HarnessPlugin
 from .probe import probe_accuracy
 from .provenance import provenance
-from .regimes import apply_regime, changed_frozen, frozen_state, trainable_blocks
+from .regimes import (apply_regime, changed_frozen, frozen_state, inject_adapters, parameter_counts,
+                      trained_effective, trainable_blocks)
 from .speedups import eval_function, install_speedups
 from .streams import split_tasks, to_avalanche
 
@@ -55,8 +56,10 @@ class _Progress:
     n_blocks: int | None = None
     method: dict = field(default_factory=dict)  # provenance: where the method's code came from
     probe_acc: list = field(default_factory=list)
+    trained_acc: list = field(default_factory=list)  # the trained model's R[t][t] where a merge is evaluated
     n_test: list = field(default_factory=list)
     plugin: HarnessPlugin | None = None  # counts the budget and keeps the losses
+    pretrained: dict = field(default_factory=dict)  # provenance of a pretrained backbone
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -102,11 +105,14 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     seed_everything(spec.seed)
     data = load_dataset(spec.dataset.name, data_dir, download)
     _check_data(spec, data_dir, download)
+    if isinstance(spec.pretrain, dict):  # a pretrained backbone; its held-out samples leave the stream
+        from .pretrain import stream_data
+        data = stream_data(data, spec.pretrain, spec.dataset.name)
     tasks = split_tasks(data, spec.class_order, spec.dataset.n_tasks,
                         spec.dataset.classes_per_task, spec.scenario)
-    model = build_run_model(spec, data.input_shape).to(device)
+    model = _run_model(spec, data.input_shape, data_dir, download, device, progress)
     progress.n_blocks = len(trainable_block_names(model))
-    progress.params = _param_counts(model, spec.regime)
+    progress.params = parameter_counts(model, spec.regime)
     first_regime = "full" if spec.pretrain == "first-task" else spec.regime
     apply_regime(model, first_regime)
     harness_plugin = progress.plugin = HarnessPlugin()
@@ -130,8 +136,12 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
         row, row_task_aware = _timed_eval(evaluated, tasks, spec, device, progress, evaluate)
         progress.rows.append(row)
         progress.rows_task_aware.append(row_task_aware)
-        progress.probe_acc.append(_timed_probe(evaluated, tasks[t], spec, device, progress))
-        progress.snapshots.append(snapshot(shared_named_parameters(evaluated)))
+        # Learning checks examine training: a method that evaluates another model (a merge) is checked
+        # on the model it trained, whose head and features belong together.
+        trained = strategy.model
+        progress.probe_acc.append(_timed_probe(trained, tasks[t], spec, device, progress))
+        progress.trained_acc.append(_trained_accuracy(trained, evaluated, tasks[t], spec, device, progress))
+        progress.snapshots.append(snapshot(shared_effective_weights(evaluated)))
         progress.diagnostics.update(contract.collect_diagnostics(strategy))
         if observer:
             observer("after_task", t, strategy)
@@ -143,6 +153,24 @@ def _check_frozen(model, before: dict, regime: str) -> None:
         shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
         raise AdapterError(f"frozen parameters/buffers changed under regime {regime!r}: {shown}; a method "
                            "must leave frozen blocks alone (no requires_grad changes, no in-place updates)")
+
+
+def _run_model(spec: RunSpec, input_shape, data_dir, download, device, progress):
+    """The run's backbone: built, pretrained weights loaded (if any), LoRA adapters injected (if any)."""
+    model = build_run_model(spec, input_shape)
+    if isinstance(spec.pretrain, dict):
+        _load_pretrained(model, spec, input_shape, data_dir, download, device, progress)
+    return inject_adapters(model, spec.regime).to(device)
+
+
+def _load_pretrained(model, spec, input_shape, data_dir, download, device, progress) -> None:
+    from .pretrain import load_backbone, pretrain_provenance, pretrained_blocks
+
+    state = pretrained_blocks(spec, input_shape, data_dir=data_dir, download=download, device=str(device))
+    if state is not None:
+        load_backbone(model, state, pretrain_label(spec.pretrain))
+        progress.pretrained = pretrain_provenance(spec, input_shape, data_dir=data_dir, download=download,
+                                                  device=str(device))
 
 
 def build_run_model(spec: RunSpec, input_shape):
@@ -188,6 +216,7 @@ def _build_strategy(spec, model, harness_plugin, device, method_files, tasks=(),
         plugins=(harness_plugin,), n_tasks=spec.dataset.n_tasks, regime=spec.regime,
         pretrain=spec.pretrain, scenario=spec.scenario, seed=spec.seed, training=spec.training,
         tasks=tuple(tasks), regime_blocks=tuple(trainable_blocks(model, spec.regime)),
+        regime_params=tuple(trained_effective(model, spec.regime)),
         accuracy=_accuracy_function(device, spec.eval_batch_size))
     strategy = adapter.build(ctx, **{**adapter.defaults, **spec.hparams})
     if not isinstance(strategy, BaseTemplate):
@@ -246,6 +275,16 @@ def _timed_eval(model, tasks, spec, device, progress, evaluate) -> tuple:
     return accs
 
 
+def _trained_accuracy(trained, evaluated, task, spec, device, progress) -> float | None:
+    """Task-IL accuracy of the trained model on the task it just trained, when it is not the evaluated one."""
+    if evaluated is trained or spec.scenario != "task-il":
+        return None
+    t0 = time.perf_counter()
+    acc = _accuracy_function(device, spec.eval_batch_size)(trained, task)
+    progress.eval_s += time.perf_counter() - t0
+    return acc
+
+
 def _timed_probe(model, task, spec, device, progress) -> float | None:
     t0 = time.perf_counter()
     acc = probe_accuracy(model, task, device, spec.eval_batch_size)
@@ -260,19 +299,9 @@ def _checks(spec: RunSpec, progress: _Progress) -> dict:
     windows = [loss_windows(losses) for losses in (progress.plugin.losses if progress.plugin else [])]
     outputs = head_outputs(spec.scenario, spec.dataset.n_tasks, spec.dataset.classes_per_task)
     return {"chance": 1.0 / outputs, "n_test": list(progress.n_test), "probe_acc": list(progress.probe_acc),
+            "trained_acc": list(progress.trained_acc),
             "loss_first": [w[0] if w else None for w in windows],
             "loss_last": [w[1] if w else None for w in windows]}
-
-
-def _param_counts(model, regime: str) -> dict:
-    """Trainable/total parameter counts under the run's regime (heads always train)."""
-    train = set(trainable_blocks(model, regime))
-    total = sum(p.numel() for p in model.parameters())
-    heads = sum(p.numel() for p in model.heads.parameters())
-    blocks = sum(p.numel() for n in train for p in model.blocks[n].parameters())
-    per_head = heads // max(len(model.heads), 1)
-    return {"trainable": blocks + heads, "total": total, "trainable_shared": blocks,
-            "per_head": per_head}
 
 
 def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
@@ -296,6 +325,8 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
                  "per_task_s": progress.per_task_s})
     measured.update(_task_aware(spec, progress, status == "ok"))
     prov = _provenance(device, submission, progress.method)
+    if progress.pretrained:
+        prov["pretrained"] = dict(progress.pretrained)
     if status != "ok":
         return failed_record(spec, error, status, prov, **measured)
     return RunRecord(run_id=spec.run_id, status=status, error=error, spec=spec,

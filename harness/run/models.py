@@ -13,8 +13,10 @@ from ..config.vocabulary import MODELS
 class CLNet(MultiTaskModule):
     """Blocks applied in order, then the head of the sample's task.
 
-    `frozen_blocks` names blocks that a depth regime froze: `train()` keeps them in eval
-    mode so their BatchNorm statistics cannot drift while the rest trains.
+    `frozen_blocks` names blocks that a regime froze, `frozen_modules` the modules (by name
+    inside `blocks`, e.g. a BatchNorm under LoRA) whose parameters and buffers it froze inside
+    trainable blocks: `train()` keeps both in eval mode so their running statistics cannot
+    drift while the rest trains.
     """
 
     def __init__(self, blocks: "OrderedDict[str, nn.Module]", feature_dim: int,
@@ -24,6 +26,7 @@ class CLNet(MultiTaskModule):
         self.heads = nn.ModuleList(nn.Linear(feature_dim, head_classes) for _ in range(n_heads))
         self.head_classes = head_classes
         self.frozen_blocks: frozenset[str] = frozenset()
+        self.frozen_modules: frozenset[str] = frozenset()
 
     @property
     def block_names(self) -> list[str]:
@@ -77,6 +80,8 @@ class CLNet(MultiTaskModule):
         super().train(mode)
         for name in self.frozen_blocks:
             self.blocks[name].eval()
+        for name in self.frozen_modules:
+            self.blocks.get_submodule(name).eval()
         return self
 
 
@@ -175,7 +180,16 @@ BUILDERS = {
     "cnn1d": (_cnn1d, lambda kw: kw.get("feature_dim", 100), {}),
     "resnet18-reduced": (_reduced_resnet18, lambda kw: 8 * kw.get("nf", 20),
                          {"pool": lambda: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())}),
+    "resnet18": (lambda shape, **kw: _torchvision_resnet18(shape, **kw), lambda kw: 512,
+                 {"pool": lambda: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())}),
 }
+
+
+def _torchvision_resnet18(input_shape) -> list[nn.Module]:
+    """torchvision's ResNet-18 split into stem + 4 stages (harness/run/resnet.py maps its weights)."""
+    from .resnet import resnet18_blocks
+
+    return resnet18_blocks(input_shape)
 # Blocks without parameters cannot be "trained", so regimes count only parametrised blocks.
 _PARAMETER_FREE = {"pool"}
 
@@ -197,3 +211,10 @@ def trainable_block_names(model: CLNet) -> list[str]:
 def shared_named_parameters(model: CLNet) -> dict[str, torch.Tensor]:
     """Parameters of the blocks (shared across tasks), i.e. everything but the heads."""
     return {f"blocks.{n}": p for n, p in model.blocks.named_parameters()}
+
+
+def shared_effective_weights(model: CLNet) -> dict[str, torch.Tensor]:
+    """The blocks' effective weights by plain name (W + BA under LoRA; the parameters otherwise)."""
+    from ..methods.subspace import effective_weights
+
+    return effective_weights(model)

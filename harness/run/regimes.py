@@ -1,45 +1,131 @@
-"""Depth regimes on a CLNet: which blocks train, freezing them, and checking they stayed frozen."""
+"""Regimes on a CLNet: which parameters train, freezing the rest, and checking they stayed frozen.
+
+A regime (config.vocabulary.parse_regime) picks the shared blocks that train (its depth) and,
+within them, what trains (its family): every parameter (depth), the biases (bitfit), the
+normalisation layers' affine parameters (norm), or LoRA adapters on every Linear/Conv (lora;
+peft, base weights frozen). Heads always train. Whatever does not train is frozen: no
+requires_grad, no optimizer entry, and a module left with frozen parameters and buffers (a
+BatchNorm whose affine parameters do not train, a whole frozen block) stays in eval mode, so
+its running statistics cannot drift. The engine checks frozen parameters and buffers bitwise
+after every task.
+"""
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from ..config.vocabulary import regime_depth
+from ..config.vocabulary import parse_regime, regime_depth
+from ..methods.subspace import lora_layers, plain_name
 from .models import CLNet, trainable_block_names
+
+LORA_TARGETS = (nn.Linear, nn.Conv1d, nn.Conv2d)
+NORM_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm)
+LORA_DROPOUT = 0.0  # deterministic adapters: the regime changes what trains, nothing else
+
+
+class RegimeError(ValueError):
+    """A regime cannot be applied to this model (it selects nothing, or its adapters are missing)."""
 
 
 def trainable_blocks(model: CLNet, regime: str) -> list[str]:
-    """Names of the blocks the regime trains (the last k parametrised blocks)."""
+    """Names of the shared blocks the regime acts on (the last k parametrised blocks)."""
     names = trainable_block_names(model)
     k = regime_depth(regime, len(names))
     return names[len(names) - k:] if k else []
 
 
-def apply_regime(model: CLNet, regime: str) -> list[str]:
-    """Freeze every block outside the regime; returns the trainable block names.
+def inject_adapters(model: CLNet, regime: str) -> CLNet:
+    """Give a lora regime's blocks rank-R adapters (peft, lora_alpha = R: scale 1); other regimes: unchanged.
 
-    Frozen blocks lose requires_grad and are put (and kept, see CLNet.train) in eval mode.
-    Heads always train.
+    Adapters start at B = 0, so the model computes exactly what it did before. Call once, after
+    any pretrained weights are loaded and before the regime is applied.
     """
-    train_names = set(trainable_blocks(model, regime))
-    # Parameter-free blocks after the last trainable one (e.g. pooling) follow their input.
-    frozen = {n for n in model.block_names if n not in train_names and n in trainable_block_names(model)}
-    for name, block in model.blocks.items():
-        for p in block.parameters():
-            p.requires_grad_(name not in frozen)
+    parsed = parse_regime(regime)
+    if parsed.family != "lora" or lora_layers(model):
+        return model
+    from peft import LoraConfig, inject_adapter_in_model
+
+    blocks = set(trainable_blocks(model, regime))
+    targets = [f"blocks.{name}" for name, m in model.blocks.named_modules()
+               if isinstance(m, LORA_TARGETS) and name.split(".")[0] in blocks]
+    config = LoraConfig(r=parsed.rank, lora_alpha=parsed.rank, lora_dropout=LORA_DROPOUT, bias="none",
+                        target_modules=targets)
+    inject_adapter_in_model(config, model)
+    # peft freezes every non-adapter parameter; the regime decides what trains, not peft.
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+def selected_parameters(model: CLNet, regime: str) -> list[str]:
+    """Full names of the shared parameters the regime trains (heads excluded: they always train)."""
+    parsed = parse_regime(regime)
+    blocks = trainable_blocks(model, regime)
+    selected = []
+    for block in blocks:
+        for module_name, module in model.blocks[block].named_modules():
+            for pname, _ in module.named_parameters(recurse=False):
+                full = ".".join(x for x in ("blocks", block, module_name, pname) if x)
+                if _selects(parsed.family, full, pname, module):
+                    selected.append(full)
+    if parsed.family != "depth" and not selected:
+        raise RegimeError(f"regime {regime!r} selects no parameter of blocks {', '.join(blocks)}"
+                          + (" (no LoRA adapters injected)" if parsed.family == "lora" else ""))
+    return selected
+
+
+def _selects(family: str, full: str, pname: str, module) -> bool:
+    adapter = plain_name(full) is None
+    if family == "depth":
+        return not adapter  # adapters of a lora model stay frozen (B = 0) while a depth regime trains
+    if family == "lora":
+        return adapter
+    if family == "bitfit":
+        return not adapter and pname == "bias"
+    return isinstance(module, NORM_LAYERS)
+
+
+def apply_regime(model: CLNet, regime: str) -> list[str]:
+    """Freeze every shared parameter outside the regime; returns the names of the blocks it acts on.
+
+    Frozen blocks (nothing trains) and, outside the depth family, frozen modules holding
+    buffers are put (and kept, see CLNet.train) in eval mode. Heads always train.
+    """
+    selected = set(selected_parameters(model, regime))
+    for name, p in model.blocks.named_parameters(prefix="blocks"):
+        p.requires_grad_(name in selected)
     for p in model.heads.parameters():
         p.requires_grad_(True)
-    model.frozen_blocks = frozenset(frozen)
+    parametrised = set(trainable_block_names(model))
+    model.frozen_blocks = frozenset(n for n in model.block_names if n in parametrised
+                                    and not any(p.requires_grad for p in model.blocks[n].parameters()))
+    model.frozen_modules = frozenset() if parse_regime(regime).family == "depth" else _frozen_modules(model)
     model.train(model.training)
-    return sorted(train_names, key=model.block_names.index)
+    return sorted(trainable_blocks(model, regime), key=model.block_names.index)
+
+
+def _frozen_modules(model: CLNet) -> frozenset[str]:
+    """Modules with buffers (e.g. BatchNorm) none of whose own parameters train, in trainable blocks."""
+    out = set()
+    for name, module in model.blocks.named_modules():
+        if not name or name.split(".")[0] in model.frozen_blocks:
+            continue
+        own = list(module.parameters(recurse=False))
+        if any(True for _ in module.buffers(recurse=False)) and not any(p.requires_grad for p in own):
+            out.add(name)
+    return frozenset(out)
 
 
 def frozen_state(model: CLNet) -> dict:
-    """Copies of every parameter and buffer of the frozen blocks."""
-    state = {}
-    for name in model.frozen_blocks:
-        block = model.blocks[name]
-        for key, tensor in [*block.named_parameters(), *block.named_buffers()]:
-            state[f"blocks.{name}.{key}"] = tensor.detach().clone()
+    """Copies of every frozen shared parameter and of the buffers of frozen blocks and modules."""
+    state = {name: p.detach().clone() for name, p in model.blocks.named_parameters(prefix="blocks")
+             if not p.requires_grad}
+    frozen = set(model.frozen_blocks)
+    modules = set(getattr(model, "frozen_modules", ()))
+    for name, buf in model.blocks.named_buffers(prefix="blocks"):
+        path = name.split(".")[1:-1]
+        if path[0] in frozen or ".".join(path) in modules:
+            state[name] = buf.detach().clone()
     return state
 
 
@@ -47,3 +133,33 @@ def changed_frozen(model: CLNet, before: dict) -> list[str]:
     """Names of frozen parameters/buffers that are no longer bitwise equal to `before`."""
     current = dict(model.named_parameters()) | dict(model.named_buffers())
     return [n for n, t in before.items() if n not in current or not torch.equal(current[n].detach(), t)]
+
+
+def parameter_counts(model: CLNet, regime: str) -> dict:
+    """Trainable/total parameter counts under the regime (heads always train; adapters are not in `total`).
+
+    `fraction` = trainable / total: LoRA adapters count as trainable, the base model as the total,
+    so families are placed on one axis.
+    """
+    selected = set(selected_parameters(model, regime))
+    shared = dict(model.blocks.named_parameters(prefix="blocks"))
+    heads = sum(p.numel() for p in model.heads.parameters())
+    base_shared = sum(p.numel() for n, p in shared.items() if plain_name(n) is not None)
+    trainable_shared = sum(shared[n].numel() for n in selected)
+    adapters = sum(p.numel() for n, p in shared.items() if plain_name(n) is None)
+    total = base_shared + heads
+    return {"trainable": trainable_shared + heads, "total": total, "trainable_shared": trainable_shared,
+            "total_shared": base_shared, "per_head": heads // max(len(model.heads), 1),
+            "adapters": adapters, "fraction": (trainable_shared + heads) / total if total else 0.0}
+
+
+def trained_effective(model: CLNet, regime: str) -> list[str]:
+    """Plain names of the effective weights the regime changes (a LoRA layer's weight for its adapters)."""
+    out = []
+    for name in selected_parameters(model, regime):
+        plain = plain_name(name)
+        if plain is None:  # blocks.fc1.1.lora_A.default.weight -> blocks.fc1.1.weight
+            plain = name.split(".lora_")[0] + ".weight"
+        if plain not in out:
+            out.append(plain)
+    return out

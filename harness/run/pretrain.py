@@ -1,0 +1,398 @@
+"""Pretrained backbones: load a checkpoint, pretrain on a data set (cached), or take torchvision's weights.
+
+A pretrained backbone is the state dict of a model's `blocks.*` (never its heads: their number and
+size depend on the protocol). Three sources (config.pretrain):
+
+- `checkpoint`: a user's file, checked against the hash the protocol was loaded with;
+- `dataset`: the blocks plus ONE temporary linear head over every class of the pretraining data,
+  trained with SGD (momentum 0.9) by the recipe, seeded, on the run's device; the head is dropped.
+  The result is cached under `cache_dir()/pretrained/<key>.pt`, the key a hash of everything that
+  decides it (`cache_key`), so a sweep computes each backbone once (`prepare_pretrained`);
+- `torchvision`: ImageNet weights for model resnet18, read from torch hub's cache, fetched only
+  with --download.
+
+`same` pretrains on a held-out, class-stratified part of the stream's own training split;
+`stream_data` removes exactly those samples from the stream, so the two never share a sample.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..config.paths import cache_dir
+from ..config.pretrain import (DatasetRecipe, PretrainError, check_pretrain_for_model, file_sha256,
+                               is_own_holdout, resolve_for_dataset)
+from ..config.vocabulary import PRETRAIN_MODES, pretrain_label, pretrain_source
+from .datasets import TensorData, dataset_fingerprint, load_dataset
+from .models import build_model
+from .resnet import torchvision_to_blocks
+
+# Bump when the pretraining procedure changes what it computes: every cached backbone is then stale.
+PRETRAIN_CODE_VERSION = "1"
+# How `same` picks its held-out samples (part of the cache key and of the stream's definition).
+HOLDOUT_RULE = "per-class blake2b(seed:index) rank, first floor(f*n+0.5) (at most n-1)"
+MOMENTUM = 0.9
+KEY_DIGITS = 32
+_SHOW = 3  # keys a mismatch message names before it says "and N more"
+BLOCKS, HEADS = "blocks.", "heads."
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Where a backbone's weights came from: its source, cache key, file and the file's sha256."""
+
+    source: str
+    key: str
+    path: str
+    sha256: str
+
+    def provenance(self) -> dict:
+        """The record's provenance entry for these weights."""
+        return dataclasses.asdict(self)
+
+
+# -- the public entry points ----------------------------------------------------------------------
+def pretrained_blocks(spec, input_shape, *, data_dir=None, download=False, device="cpu") -> dict | None:
+    """The `blocks.*` state dict of the spec's pretrained backbone, or None for first-task/none."""
+    found = _resolve(spec, input_shape, data_dir, download, device, want_state=True)
+    return None if found is None else found[0]
+
+
+def pretrain_provenance(spec, input_shape, *, data_dir=None, download=False, device="cpu") -> dict:
+    """What a record's provenance says of its backbone: source, cache key, file and sha256 of the weights."""
+    found = _resolve(spec, input_shape, data_dir, download, device, want_state=False)
+    return {"source": pretrain_source(spec.pretrain)} if found is None else found[1].provenance()
+
+
+def prepare_pretrained(specs, *, data_dir=None, download=False, device="cpu", log=print) -> dict:
+    """Compute (or find) every distinct backbone the specs need and check it fits their model, before
+    any run starts; returns {key: {"source", "sha256", "path"}} (key: the cache key for `dataset`,
+    `checkpoint:<sha256>`, `torchvision:resnet18:<weights>`)."""
+    out, seen = {}, set()
+    for spec in specs:
+        if pretrain_source(spec.pretrain) in PRETRAIN_MODES:
+            continue
+        ident = json.dumps([spec.pretrain, spec.dataset.model, spec.dataset.name], sort_keys=True)
+        if ident in seen:
+            continue
+        seen.add(ident)
+        input_shape = load_dataset(spec.dataset.name, data_dir, download).input_shape
+        state, weights = _resolve(spec, input_shape, data_dir, download, device, want_state=True, log=log)
+        # A checkpoint of another model fails here, once, rather than in every run.
+        load_backbone(build_model(spec.dataset.model, input_shape, n_heads=1, head_classes=2), state,
+                      pretrain_label(spec.pretrain))
+        out[weights.key] = {"source": weights.source, "sha256": weights.sha256, "path": weights.path}
+    return out
+
+
+def _resolve(spec, input_shape, data_dir, download, device, *, want_state: bool, log=None):
+    """(state dict or None when not wanted and already on disk, Weights), or None without a backbone."""
+    source = pretrain_source(spec.pretrain)
+    if source in PRETRAIN_MODES:
+        return None
+    check_pretrain_for_model(spec.pretrain, spec.dataset.model, spec.dataset.name, f"protocol {spec.protocol}")
+    if source == "checkpoint":
+        return _checkpoint(spec.pretrain, want_state)
+    if source == "dataset":
+        return _dataset(spec, tuple(input_shape), data_dir, download, _device(device), want_state, log)
+    if source == "torchvision":
+        return _torchvision(spec.pretrain["torchvision"], tuple(input_shape), download, want_state, log)
+    raise PretrainError(f"pretrain: {spec.pretrain!r} names no backbone; allowed: checkpoint, dataset, torchvision")
+
+
+def _device(device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+# -- loading into a model ---------------------------------------------------------------------------
+def load_backbone(model, state: dict, where: str) -> None:
+    """Load `state`'s `blocks.*` into `model` strictly (heads.* ignored); any misfit is one PretrainError line."""
+    expected = {k: v for k, v in model.state_dict().items() if k.startswith(BLOCKS)}
+    problems = fit_problems(state, expected)
+    if problems:
+        raise PretrainError(f"pretrained backbone ({where}) does not fit the model: {problems}; allowed: a state "
+                            "dict of exactly this model's blocks.* keys and shapes (heads.* keys are ignored)")
+    with torch.no_grad():
+        model.blocks.load_state_dict({k[len(BLOCKS):]: v for k, v in state.items() if k.startswith(BLOCKS)})
+
+
+def fit_problems(state: dict, expected: dict) -> str:
+    """What keeps `state` from loading into blocks shaped as `expected` ('' when it fits)."""
+    given = {k: v for k, v in state.items() if not str(k).startswith(HEADS)}
+    foreign = [str(k) for k in given if str(k) not in expected]
+    missing = [k for k in expected if k not in given]
+    not_tensors = [k for k in expected if k in given and not isinstance(given[k], torch.Tensor)]
+    shapes = [f"{k} (file {list(given[k].shape)}, model {list(expected[k].shape)})" for k in expected
+              if isinstance(given.get(k), torch.Tensor) and given[k].shape != expected[k].shape]
+    parts = [(foreign, "unexpected keys"), (missing, "missing keys"), (not_tensors, "not tensors"),
+             (shapes, "shape mismatch")]
+    return "; ".join(f"{what} {_few(items)}" for items, what in parts if items)
+
+
+def _few(items: list) -> str:
+    more = f" and {len(items) - _SHOW} more" if len(items) > _SHOW else ""
+    return ", ".join(items[:_SHOW]) + more
+
+
+def read_state_dict(path: Path, where: str) -> dict:
+    """torch.load(weights_only=True) of a state dict (names -> tensors); anything else is one line."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle, zip, EOF, OS errors: one line whatever the cause
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise PretrainError(f"{where}: cannot read {path} as a torch state dict ({type(exc).__name__}: "
+                            f"{first}); allowed: a file written by torch.save(model.state_dict(), PATH)") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
+        raise PretrainError(f"{where}: {path} holds a {type(state).__name__}, not a state dict; allowed: a mapping "
+                            "of parameter names to tensors (torch.save(model.state_dict(), PATH))")
+    return state
+
+
+def _blocks_only(state: dict, where: str) -> dict:
+    """The `blocks.*` entries; `heads.*` are dropped, any other key is an error."""
+    foreign = [k for k in state if not k.startswith((BLOCKS, HEADS))]
+    if foreign:
+        raise PretrainError(f"{where}: unexpected keys {_few(foreign)}; allowed: blocks.* keys of the protocol's "
+                            "model (heads.* are ignored)")
+    return {k: v for k, v in state.items() if k.startswith(BLOCKS)}
+
+
+_SHA: dict[tuple[str, int, int], str] = {}
+
+
+def _sha256(path: Path) -> str:
+    """file_sha256, remembered per (path, size, mtime) so a run does not hash a file twice."""
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns)
+    if key not in _SHA:
+        _SHA[key] = file_sha256(path)
+    return _SHA[key]
+
+
+# -- checkpoint ------------------------------------------------------------------------------------
+def _checkpoint(pretrain: dict, want_state: bool):
+    path = Path(pretrain["checkpoint"])
+    where = f"pretrain.checkpoint {path}"
+    if not path.is_file():
+        raise PretrainError(f"{where}: no such file; allowed: the file the protocol was loaded with")
+    found = _sha256(path)
+    planned = pretrain.get("sha256")
+    if planned and found != planned:
+        raise PretrainError(f"{where}: the file changed since the protocol was loaded (sha256 {found[:12]}, planned "
+                            f"{planned[:12]}); load the protocol and plan the sweep again")
+    weights = Weights("checkpoint", f"checkpoint:{found}", str(path), found)
+    state = _blocks_only(read_state_dict(path, where), where) if want_state else None
+    return state, weights
+
+
+# -- torchvision -----------------------------------------------------------------------------------
+def torchvision_weights_file(name: str) -> Path:
+    """Where torch hub keeps the resnet18 weights `name`: <hub dir>/checkpoints/<file name of the URL>."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(_tv_weights(name).url).path)
+
+
+def _tv_weights(name: str):
+    from torchvision.models import ResNet18_Weights
+
+    return ResNet18_Weights[name]
+
+
+def _torchvision(name: str, input_shape: tuple, download: bool, want_state: bool, log):
+    where = f"pretrain.torchvision {name}"
+    path = torchvision_weights_file(name)
+    if not path.is_file():
+        if not download:
+            raise PretrainError(f"{where}: weights file {path} not found; allowed: pass --download to fetch it "
+                                f"({_tv_weights(name).url}), or put the file there")
+        if log:
+            log(f"pretrain: downloading torchvision resnet18 {name} weights to {path}")
+        try:
+            _tv_weights(name).get_state_dict(progress=False, check_hash=True)
+        except Exception as exc:  # network, hash, disk: the user can act on the one line
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise PretrainError(f"{where}: download failed ({type(exc).__name__}: {first})") from None
+    weights = Weights("torchvision", f"torchvision:resnet18:{name}", str(path), _sha256(path))
+    if not want_state:
+        return None, weights
+    return torchvision_to_blocks(read_state_dict(path, where), int(input_shape[0])), weights
+
+
+# -- dataset: held-out samples ---------------------------------------------------------------------
+def holdout_indices(y_train, fraction: float, seed: int) -> torch.Tensor:
+    """Sorted indices of a class-stratified fraction of `y_train` (deterministic in `seed`).
+
+    Per class of n samples, the floor(fraction * n + 0.5) (at most n - 1: every class keeps a stream
+    sample) whose blake2b(seed:index) ranks lowest: a rule of the data alone, the same in every
+    version of numpy and torch, so a stream is the same wherever it is cut.
+    """
+    y = np.asarray(y_train.cpu() if isinstance(y_train, torch.Tensor) else y_train)
+    chosen = []
+    for c in np.unique(y):
+        members = np.flatnonzero(y == c).tolist()
+        k = min(math.floor(fraction * len(members) + 0.5), len(members) - 1)
+        chosen += sorted(members, key=lambda i: _rank(seed, i))[:k]
+    return torch.as_tensor(sorted(chosen), dtype=torch.long)
+
+
+def _rank(seed: int, index: int) -> bytes:
+    return hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+
+
+def stream_data(data: TensorData, pretrain, dataset_name: str) -> TensorData:
+    """The CL stream's data: without the held-out samples when `pretrain` uses them, else `data` itself."""
+    if not is_own_holdout(pretrain, dataset_name):
+        return data
+    keep = torch.ones(len(data.y_train), dtype=torch.bool)
+    keep[holdout_indices(data.y_train, pretrain["holdout"], pretrain.get("seed", 0))] = False
+    return dataclasses.replace(data, x_train=data.x_train[keep], y_train=data.y_train[keep])
+
+
+def _pretrain_data(recipe: DatasetRecipe, stream: str, input_shape: tuple, data_dir, download):
+    """(x, y, n_classes, content fingerprint) of what the backbone pretrains on."""
+    data = load_dataset(recipe.dataset, data_dir, download)
+    if recipe.holdout is not None:
+        held = holdout_indices(data.y_train, recipe.holdout, recipe.seed)
+        x, y = data.x_train[held], data.y_train[held]
+    else:
+        x, y = data.x_train, data.y_train
+    if tuple(data.input_shape) != tuple(input_shape):
+        raise PretrainError(f"pretrain.dataset: {recipe.dataset!r} has samples of shape {tuple(data.input_shape)}, "
+                            f"but the stream {stream!r} has {tuple(input_shape)}; allowed: a data set with the "
+                            "stream's input shape, or same")
+    return x, y, data.n_classes, dataset_fingerprint(recipe.dataset, data_dir, download)
+
+
+# -- dataset: the cache ----------------------------------------------------------------------------
+def cache_key(recipe: dict, model: str, input_shape, fingerprint: str, device_type: str) -> str:
+    """Hex key of a pretrained backbone: a hash of everything that decides its weights."""
+    parts = {"recipe": recipe, "model": model, "input_shape": list(input_shape), "data": fingerprint,
+             "holdout_rule": HOLDOUT_RULE if recipe.get("holdout") is not None else None,
+             "code": PRETRAIN_CODE_VERSION, "torch": torch.__version__, "device": device_type}
+    canon = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:KEY_DIGITS]
+
+
+def pretrained_dir() -> Path:
+    """Folder of the cached pretrained backbones."""
+    return cache_dir() / "pretrained"
+
+
+def _dataset(spec, input_shape: tuple, data_dir, download, device: torch.device, want_state: bool, log):
+    resolved = resolve_for_dataset(spec.pretrain, spec.dataset.name)
+    recipe = DatasetRecipe.from_dict(resolved)
+    x, y, n_classes, fingerprint = _pretrain_data(recipe, spec.dataset.name, input_shape, data_dir, download)
+    key = cache_key(recipe.as_dict(), spec.dataset.model, input_shape, fingerprint, device.type)
+    path = pretrained_dir() / f"{key}.pt"
+    if not want_state and path.is_file():
+        return None, Weights("dataset", key, str(path), _sha256(path))
+    state = _read_cached(path)
+    if state is None:
+        with _locked(path):  # concurrent workers: one trains, the others wait and read its file
+            state = _read_cached(path)
+            if state is None:
+                if log:
+                    log(f"pretrain: training {spec.dataset.model} on {pretrain_label(resolved)} ({len(y)} samples) "
+                        f"-> {path}")
+                state = train_backbone(spec.dataset.model, x, y, n_classes, recipe, device)
+                _atomic_save(state, path)
+    elif log:
+        log(f"pretrain: cached backbone {path}")
+    return state, Weights("dataset", key, str(path), _sha256(path))
+
+
+def _read_cached(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # a damaged cache entry is recomputed, never trusted
+        return None
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): workers may both train; the atomic rename keeps the file whole
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _atomic_save(state: dict, path: Path) -> None:
+    # A reader sees the old file or the whole new one, never a partial write.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# -- dataset: training -----------------------------------------------------------------------------
+def train_backbone(model_name: str, x: torch.Tensor, y: torch.Tensor, n_classes: int, recipe: DatasetRecipe,
+                   device: torch.device) -> dict:
+    """Train the model's blocks and one temporary head over `n_classes` on (x, y); returns the blocks' state."""
+    with _seeded(recipe.seed, device), _deterministic(device):
+        model = build_model(model_name, tuple(x.shape[1:]), n_heads=1, head_classes=n_classes).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=recipe.lr, momentum=MOMENTUM)
+        order_rng = torch.Generator().manual_seed(recipe.seed)
+        loss_fn = nn.CrossEntropyLoss()
+        model.train()
+        for epoch in range(recipe.epochs):
+            order = torch.randperm(len(y), generator=order_rng)
+            for start in range(0, len(order), recipe.batch_size):
+                batch = order[start:start + recipe.batch_size]
+                if len(batch) < 2 < len(order):  # BatchNorm cannot train on one sample
+                    continue
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(model.heads[0](model.features(x[batch].to(device))), y[batch].to(device))
+                if not torch.isfinite(loss):
+                    raise PretrainError(f"pretrain: training diverged (loss {loss.item()} in epoch {epoch + 1}); "
+                                        f"allowed: a smaller pretrain.lr than {recipe.lr}")
+                loss.backward()
+                optimizer.step()
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k.startswith(BLOCKS)}
+
+
+@contextlib.contextmanager
+def _seeded(seed: int, device: torch.device):
+    # The run's own random streams must not depend on whether its backbone came from the cache.
+    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+@contextlib.contextmanager
+def _deterministic(device: torch.device):
+    if device.type != "cuda":
+        yield
+        return
+    cudnn = torch.backends.cudnn
+    saved = cudnn.deterministic, cudnn.benchmark
+    cudnn.deterministic, cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        cudnn.deterministic, cudnn.benchmark = saved
