@@ -148,6 +148,22 @@ def test_depth_sweep_design():
     assert {"naive", "ewc-online", "lwf", "si", "gem"} <= {m.name for m in p.methods}
 
 
+def test_subspace_sweep_mini_design():
+    """The issue's regimes, a pretrained backbone, GPM/BECAME on depth regimes only, and enough
+    methods in every regime for the tau permutation test (>= 5 items) to decide."""
+    from harness.config.vocabulary import regime_family
+
+    p = load_protocol("subspace-sweep-mini", get_registry())
+    assert {"head", "bitfit", "lora-r1", "lora-r4", "lora-r16", "last-1", "last-2", "full"} <= set(p.regimes)
+    assert isinstance(p.pretrain, dict) and p.pretrain["dataset"] == "same"
+    everywhere = [m for m in p.methods if all(m.runs_under(r) for r in p.regimes)]
+    assert len(everywhere) >= 5
+    for m in p.methods:
+        if m.name in ("gpm", "became"):
+            assert {regime_family(r) for r in p.regimes if m.runs_under(r)} == {"depth"}
+    assert len(p.task_orders) >= 5
+
+
 def test_model_block_counts_match_the_models():
     from harness.run.models import build_model, trainable_block_names
 
