@@ -166,8 +166,10 @@ def test_process_pool_survives_a_dying_worker(tmp_path, spec_factory):
     assert by_method["die"].status == "failed" and "worker process died" in by_method["die"].error
     assert by_method["slow"].status == by_method["fast"].status == "ok"
     attempts = {s.method: len((tmp_path / f"{s.method}.attempts").read_text()) for s in specs}
-    # die: with slow in the pool, then alone twice (1 retry); slow: killed once, then alone.
-    assert attempts == {"die": 3, "slow": 2, "fast": 1}
+    # die: with slow in the pool, then alone until it has died alone max_retries + 1 times. Whether the
+    # broken pool also fails slow's in-flight future is CPython's timing (measured: both happen, more
+    # often on a loaded machine): slow then runs again alone, else it finishes in the first pool.
+    assert attempts["fast"] == 1 and attempts["slow"] in (1, 2) and attempts["die"] in (2, 3)
 
 
 def test_ray_flags_need_the_ray_executor(capsys):

@@ -15,7 +15,7 @@ def package_versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {"python": platform.python_version()}
-    for pkg in ("torch", "avalanche-lib", "numpy", "cl-bench"):
+    for pkg in ("torch", "torchvision", "avalanche-lib", "peft", "numpy", "cl-bench"):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
