@@ -27,11 +27,6 @@ def lora_layers(model, prefix: str = "blocks") -> dict[str, torch.nn.Module]:
     return {f"{prefix}.{name}": m for name, m in root.named_modules() if is_lora_layer(m) and ADAPTER in m.lora_A}
 
 
-def has_adapters(model) -> bool:
-    """True when some shared block carries LoRA adapters."""
-    return bool(lora_layers(model))
-
-
 def plain_name(param_name: str) -> str | None:
     """The backbone's own name for a parameter (`.base_layer` dropped); None for adapter factors."""
     if ".lora_" in param_name:
@@ -74,19 +69,3 @@ def write_effective(model, values: dict) -> None:
         layer = lora.get(name)
         if layer is not None:
             layer.lora_B[ADAPTER].weight.zero_()
-
-
-def trained_effective_names(model) -> list[str]:
-    """Plain names of the effective weights the current requires_grad settings let change."""
-    lora = {f"{n}.weight": layer for n, layer in lora_layers(model).items()}
-    names = []
-    for name, p in model.blocks.named_parameters(prefix="blocks"):
-        plain = plain_name(name)
-        if plain is None:
-            continue
-        layer = lora.get(plain)
-        adapted = layer is not None and any(q.requires_grad for q in
-                                            (*layer.lora_A[ADAPTER].parameters(), *layer.lora_B[ADAPTER].parameters()))
-        if p.requires_grad or adapted:
-            names.append(plain)
-    return names
