@@ -10,6 +10,7 @@ resolves them by name and drives them through it. See submissions/README.md.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
@@ -162,6 +163,30 @@ BATCH_GENERATOR_ATTRIBUTE = "harness_batch_generator"
 # Read by the harness on a strategy that trains each task in stages (BECAME): the current stage,
 # so that the record's budget counts epochs per stage.
 TRAINING_STAGE_ATTRIBUTE = "harness_stage"
+# Set by the harness on each experience's training dataset (and by a method on a dataset it builds
+# from them, e.g. joint training's concatenation): `(x, y, task_labels)` tensors of the dataset,
+# row for row, so that methods and the fast data path index tensors instead of collating samples.
+TENSORS_ATTRIBUTE = "harness_tensors"
+
+
+def dataset_tensors(dataset):
+    """`(x, y, task_labels)` of a dataset the harness (or a method) tagged with its tensors, else None.
+
+    Avalanche copies a dataset's attributes into what it derives from it (`.train()`, subsets,
+    new transforms): the tag names the dataset it was made for, so a derived one never passes.
+    """
+    tag = getattr(dataset, TENSORS_ATTRIBUTE, None)
+    if tag is None or tag[0]() is not dataset:
+        return None
+    return tag[1:]
+
+
+def tag_tensors(dataset, x: torch.Tensor, y: torch.Tensor, task_labels: torch.Tensor):
+    """Attach `(x, y, task_labels)` to `dataset` (its rows, in order); returns the dataset."""
+    if not len(x) == len(y) == len(task_labels) == len(dataset):
+        raise ValueError(f"tag_tensors: {len(x)}/{len(y)}/{len(task_labels)} rows for a dataset of {len(dataset)}")
+    setattr(dataset, TENSORS_ATTRIBUTE, (weakref.ref(dataset), x, y, task_labels))
+    return dataset
 
 
 def _providers(strategy, hook) -> list:

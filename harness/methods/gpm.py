@@ -24,7 +24,7 @@ from .. import compat  # noqa: F401
 from avalanche.core import SupervisedPlugin
 
 from ._batchnorm import batchnorm_layers
-from .contract import MethodAdapter
+from .contract import MethodAdapter, dataset_tensors
 from ._gpm_math import (PROJECTED_TYPES, energy_threshold, layer_input_matrix, project_gradient_,
                         update_basis_from_gram)
 
@@ -77,8 +77,17 @@ def dataset_batches(dataset, indices, batch_size: int, device):
     """Yield (x, task_labels) batches of `dataset[indices]` in index order.
 
     Indexes the dataset directly (no DataLoader): drawing these samples must not consume
-    the global RNG that shuffles training batches.
+    the global RNG that shuffles training batches. A dataset tagged with its tensors (every
+    experience's, see contract.dataset_tensors) is sliced as tensors: the same rows, the
+    same values, without collating sample by sample.
     """
+    tensors = dataset_tensors(dataset)
+    if tensors is not None:
+        x_all, _, t_all = tensors
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start:start + batch_size]
+            yield x_all[chunk].to(device), t_all[chunk].to(device)
+        return
     idx = indices.tolist()
     for start in range(0, len(idx), batch_size):
         items = [dataset[i] for i in idx[start:start + batch_size]]

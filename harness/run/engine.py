@@ -29,7 +29,7 @@ from .provenance import provenance
 from .regimes import (apply_regime, changed_frozen, frozen_state, inject_adapters, parameter_counts,
                       trained_effective, trainable_blocks)
 from .speedups import eval_function, install_speedups
-from .streams import split_tasks, to_avalanche
+from .streams import on_device, split_tasks, to_avalanche
 
 
 class AdapterError(RuntimeError):
@@ -108,8 +108,9 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     if isinstance(spec.pretrain, dict):  # a pretrained backbone; its held-out samples leave the stream
         from .pretrain import stream_data
         data = stream_data(data, spec.pretrain, spec.dataset.name)
-    tasks = split_tasks(data, spec.class_order, spec.dataset.n_tasks,
-                        spec.dataset.classes_per_task, spec.scenario)
+    host_tasks = split_tasks(data, spec.class_order, spec.dataset.n_tasks, spec.dataset.classes_per_task,
+                             spec.scenario)
+    tasks = on_device(host_tasks, device)
     model = _run_model(spec, data.input_shape, data_dir, download, device, progress)
     progress.n_blocks = len(trainable_block_names(model))
     progress.params = parameter_counts(model, spec.regime)
@@ -120,7 +121,7 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks, progress)
     evaluate = _evaluator(spec)
     progress.init_acc, progress.init_task_aware = _timed_eval(model, tasks, spec, device, progress, evaluate)
-    for t, experience in enumerate(to_avalanche(tasks).train_stream):
+    for t, experience in enumerate(to_avalanche(host_tasks, resident=tasks).train_stream):
         t0 = time.perf_counter()
         apply_regime(strategy.model, first_regime if t == 0 else spec.regime)
         before = frozen_state(strategy.model)

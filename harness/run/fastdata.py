@@ -8,9 +8,11 @@ tensors (moved to the device once), reshuffled every epoch by a seeded generator
 
 Avalanche semantics are kept: the fast loader is used only when the strategy trains on
 the plain experience dataset (the template's own `train_dataset_adaptation`, not replaced
-by a plugin); otherwise (joint training's concatenation, a plugin adding data or
-transforms) Avalanche's loader is built as before. Plugins that replace
-`strategy.dataloader` themselves (Replay) run after this and still do so.
+by a plugin), or on a dataset the method built and tagged with its tensors
+(`methods.contract.tag_tensors`, e.g. joint training's concatenation, whose minibatches
+mix tasks); otherwise (a plugin adding data or transforms) Avalanche's loader is built as
+before. Plugins that replace or wrap `strategy.dataloader` themselves (replay's memory
+batches) run after this and still do so.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import math
 
 import torch
 
-from ..methods.contract import BATCH_GENERATOR_ATTRIBUTE
+from ..methods.contract import BATCH_GENERATOR_ATTRIBUTE, dataset_tensors
 
 # Batches smaller than this get the frozen prefix run on them rather than cached features:
 # BLAS kernels for a handful of rows may round differently from the big batches the cache
@@ -34,11 +36,14 @@ class TensorBatches:
     harness.prefix_cache). `batch_cached` says whether the last batch holds features.
     """
 
-    def __init__(self, x, y, task: int, batch_size: int, generator: torch.Generator,
+    def __init__(self, x, y, task, batch_size: int, generator: torch.Generator,
                  device, shuffle: bool = True, transform=None):
         self.x, self.y = x.to(device), y.to(device)
-        self.task = int(task)
-        self.t = torch.full((len(y),), self.task, dtype=torch.long, device=device)
+        # `task`: the task of every row, or a tensor of each row's task (a mixed-task dataset)
+        self.mixed = isinstance(task, torch.Tensor)
+        self.task = None if self.mixed else int(task)
+        self.t = (task.to(device) if self.mixed
+                  else torch.full((len(y),), self.task, dtype=torch.long, device=device))
         self.batch_size, self.generator, self.shuffle = int(batch_size), generator, shuffle
         self.transform, self.features, self.batch_cached = transform, None, False
 
@@ -56,7 +61,7 @@ class TensorBatches:
             idx = order[start:start + self.batch_size]
             self.batch_cached = self.features is not None and len(idx) >= SMALL_BATCH
             x = self.features if self.batch_cached else self.x
-            yield [x[idx], self.y[idx], self.t[:len(idx)]]
+            yield [x[idx], self.y[idx], self.t[idx] if self.mixed else self.t[:len(idx)]]
         self.batch_cached = False
 
 
@@ -87,15 +92,27 @@ def has_plain_adaptation(strategy) -> bool:
             and "train_dataset_adaptation" not in vars(strategy))
 
 
-def install_fast_path(strategy, tasks, seed: int, transform_for=None) -> bool:
-    """Give `strategy` the tensor-indexing train loader; False if it cannot have it.
+def tensor_source(strategy, tasks, plain: bool):
+    """`(x, y, task or task-label tensor, task index or None)` the strategy trains on now, else None."""
+    if plain:
+        t = plain_task_index(strategy, tasks)
+        return None if t is None else (tasks[t].x_train, tasks[t].y_train, tasks[t].index, t)
+    if getattr(strategy, "_harness_adapted", None) is not strategy.adapted_dataset:
+        return None  # a plugin replaced the method's dataset
+    tensors = dataset_tensors(strategy.adapted_dataset)
+    return None if tensors is None else (*tensors, None)
 
-    Per task, the loader still falls back to Avalanche's when a plugin changed the data.
+
+def install_fast_path(strategy, tasks, seed: int, transform_for=None) -> bool:
+    """Give `strategy` the tensor-indexing train loader.
+
+    Per task, the loader falls back to Avalanche's when a plugin changed the data, or when
+    a method's own adaptation (not the template's) built a dataset without tensors.
     `transform_for(strategy, t)` may return a function applied once to the task's inputs
-    (frozen-prefix caching) or None.
+    (frozen-prefix caching, plain single-task data only) or None. Returns whether the
+    strategy trains on the plain experience datasets.
     """
-    if not has_plain_adaptation(strategy):
-        return False
+    plain = has_plain_adaptation(strategy)
     generator = batch_generator(seed)
     setattr(strategy, BATCH_GENERATOR_ATTRIBUTE, generator)  # a method training in stages may save/restore it
     original_adapt = strategy.train_dataset_adaptation
@@ -106,15 +123,15 @@ def install_fast_path(strategy, tasks, seed: int, transform_for=None) -> bool:
         strategy._harness_adapted = strategy.adapted_dataset
 
     def make_train_dataloader(shuffle=True, **kwargs):
-        t = plain_task_index(strategy, tasks)
-        if t is None:
+        source = tensor_source(strategy, tasks, plain)
+        if source is None:
             return original_loader(shuffle=shuffle, **kwargs)
-        transform = transform_for(strategy, t) if transform_for else None
-        strategy.dataloader = TensorBatches(tasks[t].x_train, tasks[t].y_train, tasks[t].index,
-                                            strategy.train_mb_size, generator, strategy.device,
+        x, y, task, t = source
+        transform = transform_for(strategy, t) if transform_for and t is not None else None
+        strategy.dataloader = TensorBatches(x, y, task, strategy.train_mb_size, generator, strategy.device,
                                             shuffle=shuffle, transform=transform)
 
-    # Only the plain template method is wrapped: the check above needs its result.
+    # The adaptation is wrapped to see whether a plugin replaces its result afterwards.
     strategy.train_dataset_adaptation = train_dataset_adaptation
     strategy.make_train_dataloader = make_train_dataloader
-    return True
+    return plain

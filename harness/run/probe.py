@@ -23,7 +23,7 @@ def probe_accuracy(model, task, device, batch_size: int = 1024) -> float | None:
     """
     from sklearn.linear_model import LogisticRegression
 
-    y_train, y_test = task.y_train.numpy(), task.y_test.numpy()
+    y_train, y_test = task.y_train.cpu().numpy(), task.y_test.cpu().numpy()  # resident on a GPU, maybe
     if len(np.unique(y_train)) < 2 or len(y_test) == 0:
         return None
     idx = np.linspace(0, len(y_train) - 1, min(MAX_TRAIN, len(y_train))).round().astype(int)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..methods.contract import tag_tensors
 from .datasets import TensorData
 
 
@@ -34,6 +35,19 @@ def split_tasks(data: TensorData, order: tuple[int, ...], n_tasks: int, classes_
     return tasks
 
 
+def on_device(tasks: list[Task], device) -> list[Task]:
+    """The tasks with their tensors on a CUDA `device` (unchanged on the CPU).
+
+    Resident data keeps an accelerator fed: training batches, evaluation batches, memory rows
+    and Fisher samples are then sliced on the device, with no host-to-device copy per batch
+    (several runs share one GPU, so each must not wait on its own copies).
+    """
+    if torch.device(device).type != "cuda":
+        return tasks
+    return [Task(t.index, t.classes, *(v.to(device) for v in (t.x_train, t.y_train, t.x_test, t.y_test)))
+            for t in tasks]
+
+
 def _select(x: torch.Tensor, y: torch.Tensor, classes, offset: int):
     lookup = torch.full((int(y.max()) + 1,), -1, dtype=torch.long)
     for local, cls in enumerate(classes):
@@ -44,14 +58,22 @@ def _select(x: torch.Tensor, y: torch.Tensor, classes, offset: int):
     return x[keep].contiguous(), new_y[keep].contiguous()
 
 
-def to_avalanche(tasks: list[Task]):
-    """An Avalanche benchmark (train/test streams, one experience per task, task labels set)."""
+def to_avalanche(tasks: list[Task], resident: list[Task] | None = None):
+    """An Avalanche benchmark (train/test streams, one experience per task, task labels set).
+
+    Each training dataset is tagged with its rows as tensors (`methods.contract.tag_tensors`):
+    those of `resident` (the same tasks on the run's device, see `on_device`) where given.
+    Avalanche's own datasets stay on the host, where its per-sample code expects them.
+    """
+    resident = resident or tasks
     from avalanche.benchmarks.scenarios.dataset_scenario import benchmark_from_datasets
     from avalanche.benchmarks.scenarios.task_aware import with_task_labels
     from avalanche.benchmarks.utils.classification_dataset import (
         _make_taskaware_tensor_classification_dataset as tensor_dataset,
     )
 
-    train = [tensor_dataset(t.x_train, t.y_train, task_labels=t.index) for t in tasks]
+    train = [tag_tensors(tensor_dataset(t.x_train, t.y_train, task_labels=t.index), r.x_train, r.y_train,
+                         torch.full((len(r.y_train),), r.index, dtype=torch.long, device=r.y_train.device))
+             for t, r in zip(tasks, resident)]
     test = [tensor_dataset(t.x_test, t.y_test, task_labels=t.index) for t in tasks]
     return with_task_labels(benchmark_from_datasets(train=train, test=test))
