@@ -146,7 +146,7 @@ def fake_run(spec, options):
     return failed_record(spec, None, status="ok")
 
 
-def no_init(threads):
+def no_init(*_):
     """No torch in the fake workers: they start in a fraction of a second."""
 
 

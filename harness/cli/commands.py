@@ -44,8 +44,20 @@ def plan_sweep(req: SweepRequest, protocol, retry_failed: bool | None = None):
     return make_plan(protocol, req.results, retry_failed=retry, only=req.only, fingerprints=fingerprints)
 
 
+def _start_workers_early(req: SweepRequest) -> None:
+    """A sweep that runs in worker processes starts their fork server first: it imports the stack
+    while this process loads the registry and plans."""
+    from ..execution.executors import uses_worker_processes
+
+    if not req.dry_run and uses_worker_processes(req.executor, req.jobs, req.run_timeout):
+        from ..execution.executors.base import start_worker_server
+
+        start_worker_server()
+
+
 def run_command(req: SweepRequest) -> int:
     """Plan, optionally print the grid, run what is left, print the summary, build the site."""
+    _start_workers_early(req)
     protocol = _load(req)
     plan = plan_sweep(req, protocol)
     print(format_plan(protocol, plan, req.results, req.rope))
@@ -391,6 +403,7 @@ def submit_command(req: SubmitRequest) -> int:
     """`cl-bench submit FILE --protocol NAME`: check, run the method's grid, rebuild the leaderboard."""
     from ..execution.submission import prepare
 
+    _start_workers_early(req.sweep)
     if check_command(CheckRequest(req.file, req.check_device)) != 0:
         return 2
     s = req.sweep

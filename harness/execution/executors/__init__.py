@@ -7,7 +7,13 @@ from .inline import InlineExecutor
 from .process import ProcessExecutor
 
 EXECUTORS = ("inline", "process", "ray")
-__all__ = ["Executor", "RunOptions", "InlineExecutor", "ProcessExecutor", "make_executor", "EXECUTORS"]
+__all__ = ["Executor", "RunOptions", "InlineExecutor", "ProcessExecutor", "make_executor", "uses_worker_processes",
+           "EXECUTORS"]
+
+
+def uses_worker_processes(name: str, jobs: int, timeout: float | None) -> bool:
+    """Whether `make_executor(name, ...)` runs specs in local worker processes (process pool, timeouts)."""
+    return name in ("inline", "process") and bool(timeout) or (name == "process" and jobs > 1)
 
 
 def make_executor(name: str, options: RunOptions, jobs: int = 1, max_retries: int = 1,

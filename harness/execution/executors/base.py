@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from ...config.specs import RunRecord, RunSpec, failed_record
+from ..plan import SweepError
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,93 @@ def run_spec(spec: RunSpec, options: RunOptions) -> RunRecord:
     return run_one(spec, data_dir=options.data_dir, download=options.download,
                    device=options.device, method_files=options.method_files,
                    submission=options.submission)
+
+
+# Worker processes are forked from a server process that has imported the whole stack once
+# (torch, Avalanche, the harness: ~7 s of imports a spawned worker would pay again, as would
+# every replacement of a dead or timed-out worker). CL_BENCH_START_METHOD=spawn restores
+# fresh interpreters (e.g. where forking after importing torch misbehaves).
+START_METHOD_ENV = "CL_BENCH_START_METHOD"
+START_METHODS = ("forkserver", "spawn")
+PRELOAD = ("harness.compat", "harness.execution.executors.base", "harness.run.engine",
+           "avalanche.training.supervised", "avalanche.training.templates")
+
+
+def worker_context():
+    """The multiprocessing context of worker processes: a preloaded fork server where the platform has one."""
+    import multiprocessing
+
+    method = os.environ.get(START_METHOD_ENV) or "forkserver"
+    if method not in START_METHODS:
+        raise SweepError(f"${START_METHOD_ENV}={method!r}; allowed: {', '.join(START_METHODS)}")
+    if method not in multiprocessing.get_all_start_methods():
+        method = "spawn"
+    ctx = multiprocessing.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
+def start_worker_server() -> None:
+    """Start the fork server now (it imports the stack while the driver plans); no-op under spawn."""
+    ctx = worker_context()
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """The driver's state a forked worker must adopt: a fork server forks from its own start-up
+    state, not the driver's current one (environment, working directory, import path)."""
+
+    threads: int | None
+    environ: dict
+    cwd: str
+    sys_path: tuple
+    gpus: tuple = ()  # CUDA device ids to spread workers over (more than one visible GPU)
+
+
+def worker_setup(threads: int | None, device: str = "auto") -> WorkerSetup:
+    """Capture the driver's state for its workers now (when the pool is created)."""
+    import sys
+
+    return WorkerSetup(threads, dict(os.environ), os.getcwd(), tuple(sys.path), visible_gpus(device))
+
+
+def visible_gpus(device: str) -> tuple:
+    """The CUDA device ids runs may use when there are several (`--device cuda|auto`), else ()."""
+    if device not in ("auto", "cuda") and not device.startswith("cuda"):
+        return ()
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        ids = tuple(d.strip() for d in listed.split(",") if d.strip())
+    else:
+        import torch
+
+        ids = tuple(str(i) for i in range(torch.cuda.device_count()))  # NVML: no CUDA context here
+    return ids if len(ids) > 1 else ()
+
+
+def gpu_for_worker(index: int, gpus: tuple) -> str | None:
+    """Worker `index`'s GPU: workers take the visible GPUs in turn (N workers per GPU for N x GPUs jobs)."""
+    return gpus[index % len(gpus)] if gpus else None
+
+
+def init_forked_worker(setup: WorkerSetup, counter=None) -> None:
+    """Per-process set-up of a pool worker: the driver's state, its GPU, then `init_worker`."""
+    import sys
+
+    os.environ.clear()
+    os.environ.update(setup.environ)
+    os.chdir(setup.cwd)
+    sys.path[:] = list(setup.sys_path)
+    if setup.gpus and counter is not None:
+        with counter.get_lock():
+            index, counter.value = counter.value, counter.value + 1
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_for_worker(index, setup.gpus)  # before CUDA starts
+    init_worker(setup.threads)
 
 
 def init_worker(threads: int | None) -> None:

@@ -1,19 +1,19 @@
-"""Runs specs in a pool of spawned worker processes; a worker that dies is survived."""
+"""Runs specs in a pool of worker processes (forked from a preloaded server); a worker that dies is survived."""
 from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from multiprocessing import get_context
 
-from .base import Executor, init_worker, lost_record, run_spec, threads_per_run
+from .base import (Executor, init_forked_worker, lost_record, run_spec, threads_per_run, worker_context,
+                   worker_setup)
 
 
 class ProcessExecutor(Executor):
-    """Runs specs in `jobs` spawned worker processes, at most `jobs` in flight."""
+    """Runs specs in `jobs` long-lived worker processes (one pool per sweep), at most `jobs` in flight."""
 
     name = "process"
     worker = staticmethod(run_spec)         # what a worker process runs (a test seam)
-    initializer = staticmethod(init_worker)
+    initializer = staticmethod(init_forked_worker)
 
     def run(self, specs):
         """Yield one record per spec as workers finish.
@@ -54,8 +54,11 @@ class ProcessExecutor(Executor):
             pool.shutdown(wait=False, cancel_futures=True)
 
     def _pool(self, threads: int):
-        return ProcessPoolExecutor(self.jobs, mp_context=get_context("spawn"),
-                                   initializer=self.initializer, initargs=(threads,))
+        ctx = worker_context()
+        setup = worker_setup(threads, self.options.device)
+        counter = ctx.Value("i", 0) if setup.gpus else None  # which GPU the next worker takes
+        return ProcessPoolExecutor(self.jobs, mp_context=ctx, initializer=self.initializer,
+                                   initargs=(setup, counter))
 
     def _triage(self, casualties: list, suspects: deque, deaths: dict):
         """Queue the runs a broken pool took down; fail the one that keeps killing its worker."""

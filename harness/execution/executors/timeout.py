@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from multiprocessing import get_context
 from multiprocessing.connection import wait
 
-from .base import Executor, init_worker, lost_record, run_spec, threads_per_run
+from .base import (Executor, init_forked_worker, lost_record, run_spec, threads_per_run, worker_context,
+                   worker_setup)
 
 STARTUP_FAILURES = 3  # workers dying before they serve anything: give up instead of looping
 SETUP_MIN_S = 60.0  # the least time a worker gets to load a run's data set (first load: files, decoding)
@@ -28,9 +28,9 @@ def setup_limit(timeout: float) -> float:
     return max(SETUP_MIN_S, 10 * timeout)
 
 
-def _serve(conn, options, threads) -> None:
+def _serve(conn, options, setup, counter=None) -> None:
     """Worker loop: warm up and announce readiness, then load, announce and run each spec until None or EOF."""
-    init_worker(threads)
+    init_forked_worker(setup, counter)
     _warm_up(options)
     conn.send(("ready", None))
     while True:
@@ -69,9 +69,9 @@ def _load_data(spec, options) -> None:
 class _Worker:
     """One worker process, its pipe end, and the run it holds (if any)."""
 
-    def __init__(self, ctx, options, threads):
+    def __init__(self, ctx, options, setup, counter=None):
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, options, threads), daemon=True)
+        self.proc = ctx.Process(target=_serve, args=(child, options, setup, counter), daemon=True)
         self.proc.start()
         child.close()
         self.ready, self.spec, self.deadline, self.started = False, None, None, False
@@ -105,12 +105,14 @@ class TimeoutExecutor(Executor):
 
     def run(self, specs):
         """Yield one record per spec as workers finish or time out."""
-        ctx = get_context("spawn")
+        ctx = worker_context()
+        setup = worker_setup(self.threads, self.options.device)
+        counter = ctx.Value("i", 0) if setup.gpus else None  # which GPU the next worker takes
         todo, workers, deaths, startup_deaths = deque(specs), [], {}, 0
         try:
             while todo or any(w.spec for w in workers):
                 while todo and len(workers) < min(self.jobs, len(todo) + sum(bool(w.spec) for w in workers)):
-                    workers.append(_Worker(ctx, self.options, self.threads))
+                    workers.append(_Worker(ctx, self.options, setup, counter))
                 for w in workers:
                     if w.ready and w.spec is None and todo:
                         w.give(todo.popleft(), self.setup_s)
