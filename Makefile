@@ -10,7 +10,7 @@ JOBS ?= 2
 export MLFLOW_DISABLE_TELEMETRY := true
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-cluster bench clean
 
 install: $(STAMP)
 
@@ -27,7 +27,11 @@ demo: install
 
 test: install
 	@if [ -x scripts/ensure-chromium.sh ]; then scripts/ensure-chromium.sh; fi
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not cluster"
+
+# A real two-node Ray cluster on loopback (ray start --head / ray start --address), ~2 min.
+test-cluster: install
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m cluster tests/test_ray_cluster.py
 
 bench: install
 	@for b in benchmarks/[!_]*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
