@@ -1,7 +1,7 @@
 """Harness overhead at equal work: each method through cl-bench vs a plain loop doing its work.
 
 python benchmarks/same_work.py [--methods all | replay,joint,...] [--repeats 5]
-                               [--dataset mnist1d] [--regime full] [--threads 1]
+                               [--dataset mnist1d] [--regime full] [--threads 1] [--without-probe]
 
 benchmarks/overhead.py counts a method's own work (replay's memory batches, GEM's QP, GPM's
 projections, ...) as harness overhead, because it compares every method with naive
@@ -20,7 +20,10 @@ as the largest absolute difference. GEM's memory is the first samples of a shuff
 DataLoader in the harness (Avalanche's GEMPlugin, kept as is); the plain loop repeats that
 loader's random draws, so it matches while torch's DataLoader draws as it does now (torch
 2.x); a difference there says only that the memories differ, and the ratio still holds.
-Both sides run interleaved in this process, after one warm-up run each.
+Both sides run interleaved in this process, after one warm-up run each. `--without-probe`
+adds a third side: the harness with the learning checks' linear probe off (a logistic
+regression per task on the model's features, which the plain loop does not fit), to tell the
+harness's own measurements apart from its training mechanics.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C
 import _plain_methods as PM
 
+from harness.run import probe
 from harness.run.engine import run_one
 
 METHODS = ("naive", "replay", "joint", "gem", "agem", "gpm", "became")
@@ -63,7 +67,17 @@ def compare(method: str, args) -> tuple[dict, str]:
     def plain():
         last["plain"] = PM.plain_run(method, spec)[1:]  # without the row before training
 
-    result = C.side_by_side({"cl-bench": harness, "plain": plain}, repeats=args.repeats)
+    def without_probe():
+        probe.ENABLED = False
+        try:
+            harness()
+        finally:
+            probe.ENABLED = True
+
+    fns = {"cl-bench": harness, "plain": plain}
+    if args.without_probe:
+        fns["no probe"] = without_probe
+    result = C.side_by_side(fns, repeats=args.repeats)
     note = matrix_note(last["plain"], last["record"])
     if method in CAVEATS:
         note += f" ({CAVEATS[method]})"
@@ -77,6 +91,8 @@ def main() -> None:
     ap.add_argument("--dataset", default="mnist1d")
     ap.add_argument("--regime", default="full")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for both sides")
+    ap.add_argument("--without-probe", action="store_true",
+                    help="also time the harness without its learning checks' linear probe (harness.run.probe)")
     args = ap.parse_args()
     methods = list(METHODS) if args.methods == "all" else args.methods.split(",")
     unknown = [m for m in methods if m not in PM.PLAIN]
@@ -88,6 +104,8 @@ def main() -> None:
     for method in methods:
         result, note = compare(method, args)
         print(C.ratio_line(f"{method} / plain {method}", result, "cl-bench", "plain") + f"   {note}", flush=True)
+        if args.without_probe:
+            print(C.ratio_line("  without the probe", result, "no probe", "plain"), flush=True)
     print(f"done; {C.load_avg()}")
 
 

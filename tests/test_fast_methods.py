@@ -111,8 +111,8 @@ def test_replay_buffer_is_avalanches_and_its_memory_rows_are_the_buffers():
 
     tasks = _tasks()
     stream = to_avalanche(tasks).train_stream
-    plugin = rehearsal.TensorReplayPlugin(mem_size=30, seed=0)
-    reference = ExperienceBalancedBuffer(max_size=30, adaptive_size=True)
+    plugin = rehearsal.TensorReplayPlugin(mem_size=31, seed=0)  # 31: uneven shares
+    reference = ExperienceBalancedBuffer(max_size=31, adaptive_size=True)
 
     class Agent:
         device = "cpu"
@@ -126,7 +126,8 @@ def test_replay_buffer_is_avalanches_and_its_memory_rows_are_the_buffers():
         x, y, t = _rows(reference.buffer)
         assert torch.equal(plugin.sampler.x, x) and torch.equal(plugin.sampler.y, y)
         assert torch.equal(plugin.sampler.t, t)
-    assert len(plugin.sampler) == 30 and sorted(set(plugin.sampler.t.tolist())) == [0, 1, 2]
+        assert [len(g[1]) for g in plugin.reservoir.groups] == [len(g.buffer) for g in reference.buffer_groups.values()]
+    assert len(plugin.sampler) == 31 and sorted(set(plugin.sampler.t.tolist())) == [0, 1, 2]
 
 
 def test_agem_memory_is_the_rows_avalanche_would_keep():

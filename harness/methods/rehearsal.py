@@ -3,7 +3,8 @@
 Each keeps Avalanche's strategy and its plugin's mathematics (GEM's QP, A-GEM's projection,
 replay's experience-balanced reservoir buffer); replay and A-GEM keep their memories as
 tensors and draw memory minibatches by indexing them (`MemorySampler`), instead of through
-Avalanche's per-sample data loaders, which cost more than the training itself on small data.
+Avalanche's per-sample datasets and loaders, which cost more than the training itself on
+small data. The memories hold the rows Avalanche's would (tested against Avalanche's own).
 """
 from __future__ import annotations
 
@@ -81,12 +82,42 @@ class MixedBatches:
             yield [torch.cat([x, xm]), torch.cat([y, ym]), torch.cat([t.to(tm.device), tm])]
 
 
+class BalancedReservoir:
+    """Avalanche's `ExperienceBalancedBuffer(max_size, adaptive_size=True)` over tensor rows.
+
+    Per experience a reservoir (`ReservoirSamplingBuffer`): each row gets a weight from
+    `torch.rand` (the global RNG, as Avalanche draws it) and the group keeps its rows of highest
+    weight, best first; after experience g the groups share `max_size` (⌊max/g⌋ each, the
+    remainder to the first groups) and each keeps the head of its list. The rows are the ones
+    Avalanche's buffer holds, in its order (tests/test_fast_methods.py compares them).
+    """
+
+    def __init__(self, max_size: int):
+        self.max_size, self.groups = int(max_size), []
+
+    def add(self, x, y, t) -> None:
+        """Add one experience's rows, then shrink every group to its share."""
+        weights = torch.rand(len(y))
+        order = weights.sort(descending=True).indices
+        n = len(self.groups) + 1
+        lengths = [self.max_size // n + (1 if i < self.max_size % n else 0) for i in range(n)]
+        keep = order[:lengths[-1]].to(x.device)
+        self.groups.append((x[keep], y[keep], t[keep]))
+        self.groups = [tuple(v[:k] for v in group) for group, k in zip(self.groups, lengths)]
+
+    def rows(self) -> tuple:
+        """`(x, y, t)` of every group, in group order."""
+        return tuple(torch.cat([g[i] for g in self.groups]) for i in range(3))
+
+
 class TensorReplayPlugin(ReplayPlugin):
-    """Avalanche's replay (experience-balanced reservoir buffer, storage untouched), with memory
-    minibatches drawn from tensors: each training minibatch of B rows is followed by B memory rows."""
+    """Avalanche's replay (an experience-balanced reservoir buffer) with the buffer kept as tensors
+    and memory minibatches drawn from them: each training minibatch of B rows is followed by B
+    memory rows from a seeded stream over the buffer."""
 
     def __init__(self, mem_size: int, seed: int):
         super().__init__(mem_size=mem_size)
+        self.reservoir = BalancedReservoir(mem_size)
         self.sampler: MemorySampler | None = None
         self.generator = memory_generator(seed, REPLAY_STREAM)
 
@@ -97,9 +128,8 @@ class TensorReplayPlugin(ReplayPlugin):
                                            self.batch_size_mem or strategy.train_mb_size)
 
     def after_training_exp(self, strategy, **kwargs):
-        super().after_training_exp(strategy, **kwargs)  # the storage policy's update
-        buffer = self.storage_policy.buffer
-        self.sampler = MemorySampler(*rows_of(buffer, device=strategy.device), self.generator)
+        self.reservoir.add(*rows_of(strategy.experience.dataset, device=strategy.device))
+        self.sampler = MemorySampler(*self.reservoir.rows(), self.generator)
 
 
 class TensorAGEMPlugin(AGEMPlugin):
