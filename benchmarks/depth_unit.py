@@ -161,7 +161,7 @@ def main() -> None:
     ap.add_argument("--test", type=int, default=10000, help="test images (default 10000, MNIST's)")
     ap.add_argument("--epochs", type=int, default=None, help="epochs per task (default: the protocol's, 5)")
     ap.add_argument("--regimes", default="full,head", help="comma-separated depth-sweep regimes")
-    ap.add_argument("--repeats", type=int, default=1, help="timed pairs per regime (default 3)")
+    ap.add_argument("--repeats", type=int, default=1, help="timed pairs per regime (default 1)")
     ap.add_argument("--warmup", type=int, default=0,
                     help="untimed full-size pairs before timing (default 0: a tiny untimed run of each "
                          "side and loading the data beforehand take the first-call costs)")
