@@ -53,7 +53,7 @@ def test_spawned_workers_are_one_variable_away(tmp_path, spec_factory, monkeypat
     monkeypatch.setenv(base.START_METHOD_ENV, "spawn")
     assert base.worker_context().get_start_method() == "spawn"
     states = _states(tmp_path, spec_factory, n=1)  # one spawned worker: a fresh interpreter's imports
-    assert len(states) == 1 and states[0]["cwd"] == os.getcwd() and not states[0]["preloaded"]
+    assert len(states) == 1 and states[0]["cwd"] == os.getcwd() and states[0]["pid"] != os.getpid()
 
 
 def test_an_unknown_start_method_is_one_clear_line(monkeypatch):
