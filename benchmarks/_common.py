@@ -13,12 +13,12 @@ import time
 import torch
 
 from harness import compat  # noqa: F401  (quirks first)
-from harness.methods.contract import make_optimizer
+from harness.api.contract import make_optimizer
 from harness.run.datasets import load_dataset
 from harness.run.engine import build_run_model, seed_everything
 from harness.run.evaluation import evaluate_tasks
 from harness.run.fastdata import batch_generator
-from harness.methods.registry import get_registry
+from harness.api.registry import get_registry
 from harness.run.regimes import apply_regime
 from harness.config.specs import DatasetSpec, RunSpec, TrainingSpec
 from harness.run.streams import split_tasks

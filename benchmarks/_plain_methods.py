@@ -25,7 +25,7 @@ from harness.methods._gpm_math import (
     project_gradient_,
     update_basis_from_gram,
 )
-from harness.methods.contract import make_optimizer
+from harness.api.contract import make_optimizer
 from harness.methods.gpm import sample_indices
 from harness.run.datasets import load_dataset
 from harness.run.engine import build_run_model, seed_everything

@@ -53,7 +53,7 @@ import _common as C  # noqa: E402
 from harness.config.paths import DATA_ENV  # noqa: E402
 from harness.config.protocol import load_protocol, select  # noqa: E402
 from harness.execution.plan import expand  # noqa: E402
-from harness.methods.registry import get_registry  # noqa: E402
+from harness.api.registry import get_registry  # noqa: E402
 from harness.run.datasets import load_dataset  # noqa: E402
 from harness.run.engine import run_one  # noqa: E402
 

@@ -100,7 +100,7 @@ def pick_runs(protocol_file: Path, data_dir: Path, n: int) -> list[str]:
     from harness import compat  # noqa: F401  (quirks first)
     from harness.config.protocol import load_protocol
     from harness.execution.plan import data_fingerprints, expand
-    from harness.methods.registry import get_registry
+    from harness.api.registry import get_registry
 
     proto = load_protocol(str(protocol_file), get_registry())
     specs = expand(proto, data_fingerprints(proto, str(data_dir)))

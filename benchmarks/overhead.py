@@ -25,7 +25,7 @@ import torch  # noqa: E402
 import _common as C  # noqa: E402
 from harness.run import fastdata, speedups  # noqa: E402
 from harness.run.engine import run_one  # noqa: E402
-from harness.methods.registry import get_registry  # noqa: E402
+from harness.api.registry import get_registry  # noqa: E402
 
 
 class EWCWork:

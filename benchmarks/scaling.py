@@ -29,7 +29,7 @@ from harness import compat  # noqa: F401,E402  (telemetry and usage stats off)
 from harness.execution.executors import RunOptions, make_executor  # noqa: E402
 from harness.config.protocol import load_protocol, select  # noqa: E402
 from harness.execution.store import load_records  # noqa: E402
-from harness.methods.registry import get_registry  # noqa: E402
+from harness.api.registry import get_registry  # noqa: E402
 from harness.execution.plan import make_plan  # noqa: E402
 from harness.execution.sweep import run_sweep  # noqa: E402
 

@@ -36,7 +36,7 @@ COMMANDS = {
     "cl-bench --help": [*CLI, "--help"],
     "cl-bench list": [*CLI, "list"],
     "cl-bench list methods": [*CLI, "list", "methods"],
-    "old: import every adapter": [PY, "-c", "from harness.methods.registry import get_registry; get_registry()"],
+    "old: import every adapter": [PY, "-c", "from harness.api.registry import get_registry; get_registry()"],
 }
 
 
@@ -66,7 +66,7 @@ SWEEPS = {"--jobs 1 (inline)": (1, None), "--jobs 2, forked workers": (2, "forks
 
 def cli_startup(repeats: int) -> None:
     """`--help` / `list` against bare python and the old import-everything listing."""
-    from harness.methods import index as method_index
+    from harness.api import index as method_index
 
     print(f"built-in method index fresh: {_index_is_fresh(method_index)}; {C.load_avg()}")
     result = C.side_by_side({k: _runner(v) for k, v in COMMANDS.items()}, repeats=repeats)

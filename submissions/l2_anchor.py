@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from avalanche.core import SupervisedPlugin
 
-from harness.run.models import shared_named_parameters
+from harness.api.subspace import shared_named_parameters
 
 NAME = "l2-anchor"
 DEFAULTS = {"strength": 1.0}

@@ -14,7 +14,7 @@ import pytest
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
 # Bottom to top: a wing may import itself and the wings before it, never one after it.
-WINGS = ("config", "methods", "run", "execution", "analysis", "outputs", "cli")
+WINGS = ("config", "api", "methods", "run", "execution", "analysis", "outputs", "cli")
 SHARED = {"harness", "harness.compat"}  # the package itself and the stack's quirks: anyone may import
 
 
@@ -167,7 +167,7 @@ def test_the_private_name_check_catches_both_forms(tmp_path, monkeypatch):
 
 
 TORCH_FREE = ("harness.cli", "harness.cli.parser", "harness.cli.requests", "harness.config.vocabulary",
-              "harness.config.protocol", "harness.config.specs", "harness.config.paths", "harness.methods.index",
+              "harness.config.protocol", "harness.config.specs", "harness.config.paths", "harness.api.index",
               "harness.analysis.tables", "harness.execution.store", "harness.execution.plan")
 
 

@@ -237,7 +237,7 @@ def test_alpha_zero_is_the_same_run_as_gpm_over_many_tasks():
     common = dict(regime="last-2", dataset=make_spec().dataset.__class__("digits", 4, 2, "mlp"))
     gpm = run_one(make_spec(method="gpm", hparams={"eps_base": 0.97, "eps_step": 0.003, "n_samples": 200},
                             **common), device="cpu")
-    from harness.methods.registry import get_registry
+    from harness.api.registry import get_registry
     hp = {**get_registry()["became"].defaults, "alpha": 0.0, "stages": "full"}  # GPM's epochs in stage 1
     became = run_one(make_spec(method="became", hparams=hp, **common), device="cpu")
     assert gpm.status == became.status == "ok", (gpm.error, became.error)

@@ -90,7 +90,7 @@ def test_returning_a_non_strategy_is_reported(tmp_path):
 def test_every_builtin_baseline_runs_under_a_partial_regime(method):
     spec = make_spec(method=method, regime="last-1", dataset=make_spec().dataset.__class__("digits", 3, 2, "mlp"),
                      training=TrainingSpec(lr=0.05, momentum=0.9, epochs=1, batch_size=32))
-    from harness.methods.registry import get_registry
+    from harness.api.registry import get_registry
     spec = spec.__class__(**{**spec.__dict__, "hparams": get_registry()[method].defaults})
     r = run_one(spec, device="cpu")
     assert r.status == "ok", r.error

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from harness.methods import rehearsal
-from harness.methods.contract import dataset_tensors, tag_tensors
+from harness.api.contract import dataset_tensors, tag_tensors
 from harness.methods.gpm import dataset_batches
-from harness.methods.registry import get_registry
+from harness.api.registry import get_registry
 from harness.methods.rehearsal import MemorySampler, MixedBatches, TensorAGEMPlugin, rows_of
 from harness.run import streams
 from harness.run.datasets import load_dataset

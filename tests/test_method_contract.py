@@ -1,12 +1,12 @@
-"""The method contract (harness/methods/contract.py): hook look-up rules, adapter declarations."""
+"""The method contract (harness/api/contract.py): hook look-up rules, adapter declarations."""
 from __future__ import annotations
 
 import types
 
 import pytest
 
-from harness.methods import contract
-from harness.methods.registry import RegistryError, adapters_from_module
+from harness.api import contract
+from harness.api.registry import RegistryError, adapters_from_module
 from harness.run.prefix_cache import cache_allowed
 
 
@@ -86,7 +86,7 @@ def test_ill_typed_declarations_fail_discovery(attributes, message):
 
 
 def test_built_in_captions_reach_the_method_index():
-    from harness.methods.index import method_infos
+    from harness.api.index import method_infos
 
     infos = {m["name"]: m for m in method_infos()}
     assert "BECAME merge coefficient" in infos["became"]["captions"]["alpha"]
@@ -94,7 +94,7 @@ def test_built_in_captions_reach_the_method_index():
 
 
 def test_a_method_files_identity_is_its_content_plus_a_declared_version(tmp_path):
-    from harness.methods.registry import discover
+    from harness.api.registry import discover
 
     path = tmp_path / "m.py"
     body = "NAME = 'm'\nDEFAULTS = {}\n\ndef build(ctx):\n    pass\n"
@@ -110,7 +110,7 @@ def test_a_method_files_identity_is_its_content_plus_a_declared_version(tmp_path
 
 @pytest.mark.parametrize("types", ["{'x': int}", "{'nope': (int,)}", "{'x': (set,)}", "{'x': ()}"])
 def test_ill_formed_hparam_types_fail_discovery(tmp_path, types):
-    from harness.methods.registry import discover
+    from harness.api.registry import discover
 
     path = tmp_path / "m.py"
     path.write_text(f"NAME = 'm'\nDEFAULTS = {{'x': 1}}\nHPARAM_TYPES = {types}\n\ndef build(ctx, x):\n    pass\n")

@@ -92,7 +92,7 @@ def test_cached_prefix_gives_the_uncached_record(method, regime, pretrain):
 
 
 def _cache_safe_methods() -> list[str]:
-    from harness.methods.registry import get_registry
+    from harness.api.registry import get_registry
 
     return sorted(name for name, adapter in get_registry().items() if adapter.prefix_cache)
 
@@ -202,8 +202,8 @@ def method_env(tmp_path, monkeypatch):
 
 
 def live_metas(extra=()):
-    from harness.methods.index import FIELDS
-    from harness.methods.registry import discover
+    from harness.api.index import FIELDS
+    from harness.api.registry import discover
 
     return [{f: getattr(a, f) for f in FIELDS} for a in discover(extra).values()]
 
@@ -213,7 +213,7 @@ def strip(metas):
 
 
 def test_method_infos_equal_the_registry_and_follow_file_edits(method_env):
-    from harness.methods import index as method_index
+    from harness.api import index as method_index
 
     sub = method_env / "subs" / "demo.py"
     sub.write_text(SUBMISSION.format(name="demo-a"))
@@ -227,7 +227,7 @@ def test_method_infos_equal_the_registry_and_follow_file_edits(method_env):
 
 
 def test_a_stale_builtin_index_falls_back_to_importing(method_env, monkeypatch):
-    from harness.methods import index as method_index
+    from harness.api import index as method_index
 
     stale = method_env / "index.json"
     stale.write_text('{"fingerprint": "old", "methods": [{"name": "ghost"}]}')
@@ -236,8 +236,8 @@ def test_a_stale_builtin_index_falls_back_to_importing(method_env, monkeypatch):
 
 
 def test_duplicate_names_fail_as_in_the_registry(method_env):
-    from harness.methods import index as method_index
-    from harness.methods.registry import RegistryError
+    from harness.api import index as method_index
+    from harness.api.registry import RegistryError
 
     (method_env / "subs" / "dup.py").write_text(SUBMISSION.format(name="naive"))
     with pytest.raises(RegistryError) as ours:
@@ -251,7 +251,7 @@ def test_list_imports_neither_torch_nor_avalanche(method_env):
     import json
     import subprocess
 
-    from harness.methods import index as method_index
+    from harness.api import index as method_index
 
     # a user cache holding the live index, so the check holds even if _index.json is stale
     cache = method_env / "cache"

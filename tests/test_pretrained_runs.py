@@ -11,8 +11,8 @@ import torch
 
 from harness.config.pretrain import parse_pretrain, resolve_for_dataset
 from harness.config.specs import DatasetSpec, TrainingSpec
-from harness.methods import contract
-from harness.methods.subspace import effective_weights
+from harness.api import contract
+from harness.api.subspace import effective_weights
 from harness.run.engine import build_run_model, run_one
 
 from conftest import make_spec

@@ -13,7 +13,7 @@ KILLERS = '''"""Adapters that kill the process running them (executor fault-tole
 import os
 from pathlib import Path
 
-from harness.methods.contract import MethodAdapter
+from harness.api.contract import MethodAdapter
 
 MARKER = Path({marker!r})
 

@@ -13,7 +13,7 @@ from harness.execution.check import check_adapter, contract_spec
 from harness.run.engine import run_one
 from harness.config.protocol import load_protocol, select
 from harness.execution.plan import expand
-from harness.methods.registry import (ENTRY_POINT_GROUP, RegistryError, discover, file_sha256,
+from harness.api.registry import (ENTRY_POINT_GROUP, RegistryError, discover, file_sha256,
                               get_registry)
 from harness.execution.submission import with_method
 
@@ -96,7 +96,7 @@ def test_collision_between_two_files_names_both(subs, tmp_path):
     ("NAME = 'x'\nDEFAULTS = {}\nbuild = 5\n", r"bad\.py: build must be a function.*int"),
     ("NAME = 'x'\nDEFAULTS = {'lam': 1.0}\ndef build(ctx):\n    pass\n",
      r"bad\.py: build\(ctx\) of 'x' cannot be called as build\(ctx, \*\*DEFAULTS\).*'lam'"),
-    ("ADAPTERS = ('naive',)\n", r"bad\.py: ADAPTERS must be a tuple of harness\.methods\.contract\.MethodAdapter"),
+    ("ADAPTERS = ('naive',)\n", r"bad\.py: ADAPTERS must be a tuple of harness\.api\.contract\.MethodAdapter"),
 ])
 def test_ill_formed_submission_fails_discovery_with_file_and_reason(subs, body, message):
     (subs / "bad.py").write_text(body)
@@ -132,7 +132,7 @@ def test_entry_point_methods_are_registered(subs, tmp_path, monkeypatch):
 
 
 def test_entry_point_may_name_an_adapter_object(subs, tmp_path, monkeypatch):
-    body = ("from harness.methods.contract import MethodAdapter\n"
+    body = ("from harness.api.contract import MethodAdapter\n"
             "def build(ctx):\n    pass\n"
             "ADAPTER = MethodAdapter('obj-method', {}, build, 'from an object')\n")
     _fake_entry_points(monkeypatch, tmp_path, {"clb_pkg_obj": body}, {"obj-method": "clb_pkg_obj:ADAPTER"})
@@ -206,7 +206,7 @@ def test_l2_anchor_strength_trades_drift_and_mas_reduces_it():
 def test_mas_wrapper_hands_its_hyperparameters_to_avalanche():
     from avalanche.training.plugins import MASPlugin
 
-    from harness.methods.contract import MethodContext
+    from harness.api.contract import MethodContext
     from harness.run.models import build_model
     from harness.run.plugins import HarnessPlugin
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from harness.config.specs import DatasetSpec, TrainingSpec
 from harness.config.vocabulary import REGIME_GRAMMAR, parse_regime, regime_depth, regime_family
-from harness.methods.subspace import effective_weights, lora_layers, write_effective
+from harness.api.subspace import effective_weights, lora_layers, write_effective
 from harness.run.engine import run_one
 from harness.run.models import build_model
 from harness.run.norms import update_norms
@@ -44,7 +44,7 @@ BAD_REGIMES = ["lora-r0", "lora-rx", "lora", "last-2:lora", "bitfit:last-1", "la
 @pytest.mark.parametrize("bad", BAD_REGIMES)
 def test_bad_regime_strings_give_one_line_with_the_grammar(bad):
     from harness.config.protocol import ProtocolError, parse_protocol
-    from harness.methods.registry import get_registry
+    from harness.api.registry import get_registry
 
     raw = {"name": "p", "version": "1", "datasets": ["digits"], "regimes": ["head", bad], "methods": ["naive"]}
     with pytest.raises(ProtocolError) as caught:
@@ -65,7 +65,7 @@ def test_a_bad_regime_on_the_command_line_exits_2_with_one_line(tmp_path):
 
 def test_a_family_that_selects_nothing_is_refused_at_load(tmp_path):
     from harness.config.protocol import ProtocolError, parse_protocol
-    from harness.methods.registry import get_registry
+    from harness.api.registry import get_registry
 
     raw = {"name": "p", "version": "1", "datasets": [{"name": "digits", "model": "small-cnn"}],
            "regimes": ["last-1:norm"], "methods": ["naive"]}
@@ -117,7 +117,7 @@ def test_lora_trains_only_adapter_parameters_and_heads():
             seen.setdefault("optimized", []).append(names)
 
     spec = make_spec(regime="lora-r4", pretrain="none", training=FAST, dataset=DatasetSpec("digits", 3, 2, "mlp-bn"))
-    from harness.methods.registry import get_registry
+    from harness.api.registry import get_registry
     from harness.run.engine import _Progress, _execute  # noqa: F401  (the observer is run_one's hook)
 
     record = run_one(spec, device="cpu", observer=observer)
@@ -217,7 +217,7 @@ def test_magmax_under_lora_merges_effective_task_vectors_from_theta0():
         if event == "before_task" and t == 0:
             snapshots.append({k: v.clone() for k, v in effective_weights(strategy.model).items()})
         if event == "after_task":
-            from harness.methods import contract
+            from harness.api import contract
             snapshots.append(({k: v.clone() for k, v in effective_weights(strategy.model).items()},
                               {k: v.clone() for k, v in effective_weights(contract.evaluated_model(strategy)).items()}))
 
@@ -241,7 +241,7 @@ def test_magmax_under_lora_merges_effective_task_vectors_from_theta0():
 def test_gpm_is_refused_with_lora_and_allowed_when_restricted_to_depth(tmp_path):
     from harness.config.protocol import ProtocolError, parse_protocol
     from harness.execution.plan import expand
-    from harness.methods.registry import get_registry
+    from harness.api.registry import get_registry
 
     base = {"name": "p", "version": "1", "datasets": [{"name": "digits", "model": "mlp-bn"}],
             "regimes": ["head", "lora-r4", "last-1"]}

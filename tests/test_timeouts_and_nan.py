@@ -39,7 +39,7 @@ STALL = '''
     from pathlib import Path
 
     from avalanche.training import Naive
-    from harness.methods.contract import MethodAdapter
+    from harness.api.contract import MethodAdapter
 
     def build(ctx):
         while Path({flag!r}).exists():
@@ -53,7 +53,7 @@ STALL = '''
 NAN_LATER = '''
     from avalanche.core import SupervisedPlugin
     from avalanche.training import Naive
-    from harness.methods.contract import MethodAdapter
+    from harness.api.contract import MethodAdapter
 
     class NanFromTask2(SupervisedPlugin):
         def before_backward(self, strategy, **kw):

@@ -11,7 +11,7 @@ from .requests import (CheckRequest, ExportRequest, FiguresRequest, LeaderboardR
 
 def _load(req: SweepRequest):
     from ..config.protocol import load_protocol, select
-    from ..methods.registry import get_registry
+    from ..api.registry import get_registry
 
     protocol = load_protocol(req.protocol, get_registry(req.method_files))
     return select(protocol, datasets=req.datasets, methods=req.methods, regimes=req.regimes,
@@ -359,7 +359,7 @@ def _list_datasets(req: ListRequest):
 
 def _list_methods(req: ListRequest):
     # metadata by content hash: importing every adapter (torch, Avalanche) takes seconds
-    from ..methods.index import method_infos
+    from ..api.index import method_infos
 
     for m in sorted(method_infos(req.method_files), key=lambda m: m["name"]):
         hp = ", ".join(f"{k}={v}" for k, v in m["defaults"].items()) or "-"

@@ -82,7 +82,7 @@ LOAD_FIXES = (
 
 def check(target: str, regimes=CONTRACT_REGIMES, device: str = "cpu") -> CheckResult:
     """Run the adapter contract on a method file (or a registered method name)."""
-    from ..methods.registry import RegistryError
+    from ..api.registry import RegistryError
 
     try:
         adapters, method_files = _resolve(target)
@@ -98,7 +98,7 @@ def check(target: str, regimes=CONTRACT_REGIMES, device: str = "cpu") -> CheckRe
 
 def _resolve(target: str):
     """(adapters to check, method files the engine must register) for a file or a name."""
-    from ..methods.registry import RegistryError, adapters_from_module, get_registry, load_module_file
+    from ..api.registry import RegistryError, adapters_from_module, get_registry, load_module_file
 
     path = Path(target)
     if path.suffix == ".py" or path.exists():

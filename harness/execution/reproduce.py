@@ -64,7 +64,7 @@ def find_record(run_id: str, results) -> tuple[RunRecord, Path]:
 
 def method_files(record: RunRecord) -> tuple[str, ...]:
     """The method file a record was made with (none for built-ins); it must still be there, unchanged."""
-    from ..methods.registry import get_registry
+    from ..api.registry import get_registry
 
     source = ((record.provenance or {}).get("method") or {}).get("source", "built-in")
     files = () if source == "built-in" or source.startswith("entry point") else (source,)

@@ -25,14 +25,14 @@ class Submission:
 
 def submission_info(path: str | Path) -> dict:
     """The provenance entry of a submitted file: its path (as given) and full sha256."""
-    from ..methods.registry import file_sha256
+    from ..api.registry import file_sha256
 
     return {"file": Path(path).as_posix(), "sha256": file_sha256(path)}
 
 
 def submitted_adapter(path: str | Path):
     """The single adapter a submission file defines (loaded through the registry, collisions included)."""
-    from ..methods.registry import RegistryError, adapters_from_module, get_registry, load_module_file
+    from ..api.registry import RegistryError, adapters_from_module, get_registry, load_module_file
 
     adapters = adapters_from_module(load_module_file(path), str(path))
     if len(adapters) != 1:
@@ -60,7 +60,7 @@ def prepare(path, protocol_name: str, results, *, datasets=None, regimes=None, o
     sets fingerprinted from their default locations).
     """
     from ..config.protocol import load_protocol, select
-    from ..methods.registry import get_registry
+    from ..api.registry import get_registry
     from .plan import make_plan
 
     adapter = submitted_adapter(path)

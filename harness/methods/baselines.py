@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .contract import MethodAdapter, dataset_tensors, tag_tensors
+from ..api.contract import MethodAdapter, dataset_tensors, tag_tensors
 
 
 def build_naive(ctx):

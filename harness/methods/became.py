@@ -25,7 +25,7 @@ from .. import compat  # noqa: F401
 from avalanche.training.templates import SupervisedTemplate
 
 from ._gpm_math import closed_form_alpha, diag_fisher, merge_tensors
-from .contract import BATCH_GENERATOR_ATTRIBUTE, MethodAdapter
+from ..api.contract import BATCH_GENERATOR_ATTRIBUTE, MethodAdapter
 from .gpm import (GPM_DEFAULTS, GPM_REGIME_NOTE, GPMMemory, apply_batchnorm_policy, check_batchnorm_policy, check_gpm_hparams,
                   dataset_batches, sample_indices)
 

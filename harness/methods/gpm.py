@@ -24,7 +24,7 @@ from .. import compat  # noqa: F401
 from avalanche.core import SupervisedPlugin
 
 from ._batchnorm import batchnorm_layers
-from .contract import MethodAdapter, dataset_tensors
+from ..api.contract import MethodAdapter, dataset_tensors
 from ._gpm_math import (PROJECTED_TYPES, energy_threshold, layer_input_matrix, project_gradient_,
                         update_basis_from_gram)
 

@@ -14,7 +14,7 @@ evaluates and measures; training continues from the unmerged θ_t.
   for a LoRA layer, the biases under bitfit, every parameter of the trainable blocks under a
   depth regime; under `head` there are none and the evaluated model is the trained one). The
   merged model is a copy whose LoRA weights hold θ0 + λ·merge in the base with the adapters
-  zeroed (harness.methods.subspace). Frozen blocks, BatchNorm buffers and
+  zeroed (harness.api.subspace). Frozen blocks, BatchNorm buffers and
   the heads of the evaluated model are the current model's. Heads are never merged: in
   task-IL, training task t gives gradients to head t only and the optimizer state is reset
   per task, so every earlier head is still exactly its own checkpoint (a test checks it);
@@ -40,8 +40,8 @@ from .. import compat  # noqa: F401  (quirks first)
 from avalanche.core import SupervisedPlugin
 from . import _merge_rules as rules
 from ._batchnorm import batchnorm_layers, recompute_statistics
-from .subspace import effective_weights, write_effective
-from .contract import MethodAdapter
+from ..api.subspace import effective_weights, write_effective
+from ..api.contract import MethodAdapter
 from .gpm import dataset_batches
 
 FINETUNE_MODES = ("sequential", "independent")

@@ -1,7 +1,7 @@
 """Regularisation methods: online EWC, LwF, Synaptic Intelligence."""
 from __future__ import annotations
 
-from .contract import MethodAdapter
+from ..api.contract import MethodAdapter
 
 
 def fix_synaptic_intelligence_on_cpu() -> None:

@@ -15,7 +15,7 @@ import torch
 from .. import compat  # noqa: F401
 from avalanche.training.plugins import AGEMPlugin, ReplayPlugin
 
-from .contract import MethodAdapter, dataset_tensors
+from ..api.contract import MethodAdapter, dataset_tensors
 
 # Seed offsets of the memory samplers' generators (independent of the training batch order).
 REPLAY_STREAM, AGEM_STREAM = 29, 31

@@ -261,7 +261,7 @@ def _fallback_curves(records) -> pd.DataFrame:
 
 def _method_infos() -> dict[str, dict]:
     """Adapter metadata by registry name (methods.index: no torch import when cached); {} if unavailable."""
-    from ..methods.index import method_infos
+    from ..api.index import method_infos
 
     try:
         return {m["name"]: m for m in method_infos()}

@@ -14,9 +14,9 @@ import torch
 from .. import compat  # noqa: F401
 from ..config.specs import RunRecord, RunSpec, failed_record
 from ..config.vocabulary import pretrain_label, regime_depth
-from ..methods import contract
-from ..methods.contract import MethodContext, make_optimizer
-from ..methods.registry import get_registry
+from ..api import contract
+from ..api.contract import MethodContext, make_optimizer
+from ..api.registry import get_registry
 from .datasets import dataset_fingerprint, load_dataset
 from .evaluation import evaluate_class_il, task_accuracy
 from .metrics import all_metrics, step_forgetting

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from ..methods.contract import BATCH_GENERATOR_ATTRIBUTE, dataset_tensors
+from ..api.contract import BATCH_GENERATOR_ATTRIBUTE, dataset_tensors
 
 # Batches smaller than this get the frozen prefix run on them rather than cached features:
 # BLAS kernels for a handful of rows may round differently from the big batches the cache

@@ -208,13 +208,8 @@ def trainable_block_names(model: CLNet) -> list[str]:
             if n not in _PARAMETER_FREE and any(True for _ in model.blocks[n].parameters())]
 
 
-def shared_named_parameters(model: CLNet) -> dict[str, torch.Tensor]:
-    """Parameters of the blocks (shared across tasks), i.e. everything but the heads."""
-    return {f"blocks.{n}": p for n, p in model.blocks.named_parameters()}
-
-
 def shared_effective_weights(model: CLNet) -> dict[str, torch.Tensor]:
     """The blocks' effective weights by plain name (W + BA under LoRA; the parameters otherwise)."""
-    from ..methods.subspace import effective_weights
+    from ..api.subspace import effective_weights
 
     return effective_weights(model)

@@ -6,7 +6,7 @@ import math
 from .. import compat  # noqa: F401
 from avalanche.core import SupervisedPlugin
 
-from ..methods.contract import TRAINING_STAGE_ATTRIBUTE
+from ..api.contract import TRAINING_STAGE_ATTRIBUTE
 
 
 class DivergedError(RuntimeError):

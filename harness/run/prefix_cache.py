@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from avalanche.training.templates.problem_type.supervised_problem import SupervisedProblem
 
-from ..methods.contract import declared_prefix_cache
+from ..api.contract import declared_prefix_cache
 from .evaluation import evaluate_tasks
 from .fastdata import TensorBatches
 from .models import CLNet

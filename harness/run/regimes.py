@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..config.vocabulary import parse_regime, regime_depth
-from ..methods.subspace import lora_layers, plain_name
+from ..api.subspace import lora_layers, plain_name
 from .models import CLNet, trainable_block_names
 
 LORA_TARGETS = (nn.Linear, nn.Conv1d, nn.Conv2d)

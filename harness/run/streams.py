@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..methods.contract import tag_tensors
+from ..api.contract import tag_tensors
 from .datasets import TensorData
 
 

@@ -51,7 +51,7 @@ def run_cli(capsys, monkeypatch):
 # Adapters that misbehave in each way the harness must survive (one module per file).
 BAD_METHODS = {
     "raises": '''
-        from harness.methods.contract import MethodAdapter
+        from harness.api.contract import MethodAdapter
 
         def build(ctx):
             raise RuntimeError("<b>boom</b> from a broken method")
@@ -62,7 +62,7 @@ BAD_METHODS = {
         import torch
         from avalanche.core import SupervisedPlugin
         from avalanche.training import Naive
-        from harness.methods.contract import MethodAdapter
+        from harness.api.contract import MethodAdapter
 
         class Poison(SupervisedPlugin):
             def before_forward(self, strategy, **kw):
@@ -76,7 +76,7 @@ BAD_METHODS = {
         ''',
     "hangs": '''
         import time
-        from harness.methods.contract import MethodAdapter
+        from harness.api.contract import MethodAdapter
 
         def build(ctx):
             time.sleep(3600)

@@ -23,7 +23,7 @@ from .conftest import tiny_protocol
 QUIET = ("--no-progress", "--no-mlflow", "--no-leaderboard")
 METHOD = '''
     """A method file whose penalty strength is {strength}."""
-    from harness.methods.contract import MethodAdapter
+    from harness.api.contract import MethodAdapter
 
     def build(ctx):
         from avalanche.training.supervised import Naive
@@ -98,7 +98,7 @@ def test_a_built_in_implementation_version_enters_the_run_id():
 
     from harness.config.protocol import parse_protocol
     from harness.execution.plan import expand
-    from harness.methods.registry import get_registry
+    from harness.api.registry import get_registry
 
     raw = {"name": "p", "version": "1", "datasets": ["digits"], "regimes": ["head"], "methods": ["naive"]}
     registry = get_registry()
@@ -225,7 +225,7 @@ def test_hyperparameters_have_their_defaults_types(tmp_path, run_cli, value, mes
 
 def test_an_integer_for_a_float_hyperparameter_is_the_same_setting(tmp_path):
     from harness.config.protocol import load_protocol
-    from harness.methods.registry import get_registry
+    from harness.api.registry import get_registry
 
     a = load_protocol(str(tiny_protocol(tmp_path, "a", methods=("{name: ewc-online, hparams: {ewc_lambda: 5}}",))),
                       get_registry())
@@ -362,7 +362,7 @@ def test_torchvision_data_is_fingerprinted_from_its_files(tmp_path, run_cli):
 
     from harness.config.protocol import parse_protocol
     from harness.execution.plan import data_fingerprints, expand
-    from harness.methods.registry import get_registry
+    from harness.api.registry import get_registry
 
     a, b = tmp_path / "a", tmp_path / "b"
     write_mnist_like(a, "MNIST")

@@ -53,7 +53,7 @@ def serve() -> None:
     import harness.run.engine  # noqa: F401
     import harness.execution.sweep  # noqa: F401
     from harness.run.datasets import load_dataset
-    from harness.methods.registry import get_registry
+    from harness.api.registry import get_registry
 
     load_dataset("digits")
     get_registry()

@@ -50,7 +50,7 @@ def _warm_up(options) -> None:
     import avalanche.training.supervised  # noqa: F401  (imported lazily by the first run otherwise)
     import avalanche.training.templates  # noqa: F401
 
-    from ...methods.registry import get_registry
+    from ...api.registry import get_registry
     from ...run import engine  # noqa: F401
 
     get_registry(tuple(options.method_files))

@@ -69,3 +69,8 @@ def write_effective(model, values: dict) -> None:
         layer = lora.get(name)
         if layer is not None:
             layer.lora_B[ADAPTER].weight.zero_()
+
+
+def shared_named_parameters(model) -> dict[str, torch.Tensor]:
+    """Parameters of the blocks (shared across tasks), i.e. everything but the heads."""
+    return {f"blocks.{n}": p for n, p in model.blocks.named_parameters()}

@@ -16,8 +16,7 @@ from ..config.paths import submission_files, submissions_dir
 from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, REGIME_FAMILIES
 from .contract import MethodAdapter
 
-# Modules of this package that are the machinery, not method families.
-INFRASTRUCTURE = frozenset({"contract", "registry", "index", "subspace"})
+METHODS_PACKAGE = "harness.methods"  # one module per built-in method family, nothing else
 
 class RegistryError(UserError, ValueError):
     """A method module is unusable; the message names the file and the reason."""
@@ -30,7 +29,7 @@ def adapters_from_module(module, source: str) -> list[MethodAdapter]:
     if hasattr(module, "ADAPTERS"):
         adapters = module.ADAPTERS
         if not isinstance(adapters, (list, tuple)) or not all(isinstance(a, MethodAdapter) for a in adapters):
-            raise RegistryError(f"{source}: ADAPTERS must be a tuple of harness.methods.contract.MethodAdapter")
+            raise RegistryError(f"{source}: ADAPTERS must be a tuple of harness.api.contract.MethodAdapter")
         return [validate_adapter(a, source) for a in adapters]
     missing = [a for a in ("NAME", "DEFAULTS", "build") if not hasattr(module, a)]
     if missing:
@@ -136,10 +135,10 @@ def file_sha256(path: str | Path) -> str:
 
 def builtin_modules():
     """(module, source) of every built-in method family module of this package."""
-    package = __name__.rsplit(".", 1)[0]
-    for info in pkgutil.iter_modules(sys.modules[package].__path__):
-        if not info.name.startswith("_") and info.name not in INFRASTRUCTURE:
-            yield importlib.import_module(f"{package}.{info.name}"), f"{package}.{info.name}"
+    package = importlib.import_module(METHODS_PACKAGE)
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("_"):
+            yield importlib.import_module(f"{METHODS_PACKAGE}.{info.name}"), f"{METHODS_PACKAGE}.{info.name}"
 
 
 def _entry_point_modules():

@@ -3,8 +3,8 @@
 Importing an adapter module imports torch and Avalanche (seconds). Listing only needs each
 adapter's name, defaults, description and source, so those are kept by content hash:
 
-- built-in methods: `harness/methods/_index.json` (shipped; regenerate with
-  `python -m harness.methods.index`), valid while the fingerprint of harness/methods/*.py
+- built-in methods: `harness/api/_index.json` (shipped; regenerate with
+  `python -m harness.api.index`), valid while the fingerprint of harness/methods/*.py and harness/api/*.py
   matches;
 - method files (submissions/, --method): a per-user cache keyed by the file's sha256 (and
   the built-in fingerprint), filled the first time a file is imported.
@@ -24,15 +24,16 @@ from ..config.vocabulary import ENTRY_POINT_GROUP
 
 _HERE = Path(__file__).resolve().parent
 INDEX_PATH = _HERE / "_index.json"
+METHODS_DIR = _HERE.parent / "methods"
 FIELDS = ("name", "defaults", "description", "reference", "source", "family", "prefix_cache", "captions")
 MAX_ENTRIES = 256
 
 
 def builtin_fingerprint() -> str:
-    """sha256 over the built-in method modules and the method contract (every .py of this package)."""
+    """sha256 over the built-in method modules and the toolkit they build on (every .py of both)."""
     digest = hashlib.sha256()
-    for path in sorted(_HERE.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted([*_HERE.glob("*.py"), *METHODS_DIR.glob("*.py")]):
+        digest.update(f"{path.parent.name}/{path.name}".encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
@@ -153,7 +154,7 @@ def _without_duplicates(groups) -> list[dict]:
 
 
 def main() -> None:
-    """Regenerate harness/methods/_index.json from the live built-in modules."""
+    """Regenerate harness/api/_index.json from the live built-in modules."""
     index = build_index()
     INDEX_PATH.write_text(json.dumps(index, indent=1) + "\n")
     print(f"{INDEX_PATH}: {len(index['methods'])} built-in methods, fingerprint {index['fingerprint'][:12]}")

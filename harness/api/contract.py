@@ -63,7 +63,7 @@ class MethodContext:
     the harness's own Avalanche plugins: a strategy must include them. `regime_blocks`
     names the shared blocks the run's regime trains (from task 2 on under first-task
     pre-training, when task 1 trains everything), `regime_params` the effective weights it
-    changes (harness.methods.subspace). `accuracy(model, task)` is the harness's
+    changes (harness.api.subspace). `accuracy(model, task)` is the harness's
     own evaluator (eval mode, the task's head) for diagnostics.
     """
 
