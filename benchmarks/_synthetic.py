@@ -5,22 +5,10 @@ import hashlib
 
 import numpy as np
 
+from harness.config.metrics import all_metrics
+
 BLOCKS = ("conv1", "conv2", "conv3", "fc")
 REGIMES = {"head": 0, "last-1": 1, "last-2": 2, "last-3": 3, "full": 4}
-
-
-def per_run_metrics(R: np.ndarray, b: np.ndarray) -> dict:
-    """The six per-run metrics of specs/metrics.md from a full T x T accuracy matrix."""
-    T = R.shape[0]
-    final = R[-1]
-    diag = np.diag(R)
-    bwt = float(np.mean(final[:-1] - diag[:-1]))
-    best = [R[j:T - 1, j].max() for j in range(T - 1)]
-    forgetting = float(np.mean(np.array(best) - final[:-1]))
-    fwt = float(np.mean([R[j - 1, j] - b[j] for j in range(1, T)]))
-    aia = float(np.mean([R[k, :k + 1].mean() for k in range(T)]))
-    return {"acc": float(final.mean()), "la": float(diag.mean()), "bwt": bwt,
-            "forgetting": forgetting, "fwt": fwt, "aia": aia}
 
 
 def _matrix(rng, T: int, skill: float, depth: int) -> np.ndarray:
@@ -79,7 +67,7 @@ def _record(rng, k, ds, regime, method, order, T, skill, failed) -> dict:
     rec = {
         "schema_version": 1, "run_id": hashlib.sha256(f"{k}".encode()).hexdigest()[:12],
         "status": "ok", "error": None, "spec": spec,
-        "acc_matrix": R.tolist(), "init_acc": b.tolist(), "metrics": per_run_metrics(R, b),
+        "acc_matrix": R.tolist(), "init_acc": b.tolist(), "metrics": all_metrics(R, b),
         "update_norms": {"shared": [None, *map(float, u)],
                          "relative": [None, *map(float, u / 50)],
                          "per_block": {bl: [None, *map(float, u / 4)] for bl in BLOCKS},

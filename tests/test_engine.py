@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from harness.run.engine import run_one
-from harness.run.metrics import all_metrics
+from harness.config.metrics import all_metrics
 from harness.config.specs import TrainingSpec
 
 from conftest import make_spec

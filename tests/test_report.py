@@ -261,7 +261,7 @@ def write_results(folder: Path, records) -> Path:
     from harness.config.specs import SCHEMA_VERSION, run_id_of
     from harness.execution.store import runs_dir, write_record
     from harness.run.checks import run_warnings
-    from harness.run.metrics import all_metrics, step_forgetting
+    from harness.config.metrics import all_metrics, step_forgetting
 
     for r in records:
         norms = dict(r.update_norms)

@@ -12,7 +12,7 @@ from harness.execution.store import parse_record, read_record, write_record
 from harness.run.datasets import load_dataset
 from harness.run.engine import run_one
 from harness.run.evaluation import evaluate_class_il, task_columns
-from harness.run.metrics import all_metrics
+from harness.config.metrics import all_metrics
 from harness.run.streams import Task, split_tasks
 
 from conftest import make_spec

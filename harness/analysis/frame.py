@@ -8,13 +8,14 @@ import pandas as pd
 
 from ..config.specs import RunRecord
 from ..config.text import terminal_safe
-from ..config.vocabulary import METRICS, WARNINGS, regime_family, regime_sort_key
+from ..config.metrics import METRIC_NAMES
+from ..config.vocabulary import WARNINGS, regime_family, regime_sort_key
 
 # `ranked`: the run enters the rank statistics (ok, and not flagged unless flagged runs are
 # included); it is the one place that policy is decided, every unit matrix reads it.
 COLUMNS = ("run_id", "status", "error", "protocol", "protocol_version", "dataset",
            "regime", "family", "regime_depth", "n_blocks", "method", "method_name", "order", "seed",
-           *METRICS, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware",
+           *METRIC_NAMES, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware",
            "trainable_params", "total_params", "trainable_fraction", "total_s", "is_submission",
            "optimizer_steps", "samples_seen", "n_warnings", "warning_codes", "flagged", "ranked")
 FLAG = "⚑"  # marks cells with flagged runs, in the terminal summary and on the site
@@ -67,7 +68,7 @@ def _row(rec: RunRecord) -> dict:
         "dataset": rec.dataset, "regime": spec.regime, "family": family_of(spec.regime),
         "regime_depth": _num(rec.regime_depth), "n_blocks": _num(rec.n_blocks),
         "method": rec.method, "method_name": spec.method, "order": int(spec.order), "seed": int(spec.seed),
-        **{m: _num(metrics.get(m)) for m in METRICS},
+        **{m: _num(metrics.get(m)) for m in METRIC_NAMES},
         "mean_update_norm": _mean_norm(norms.get("shared")),
         "drift": _num(norms.get("drift")),
         # class-IL runs only: their task-aware (masked) ACC and forgetting; NaN in task-IL

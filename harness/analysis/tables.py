@@ -9,10 +9,10 @@ from harness.analysis import correlations, curves, decisions, families, power, r
 from harness.analysis.coverage import Cells, coverage_table
 from harness.analysis.degenerate import degenerate_regimes, degenerate_table
 from harness.analysis.frame import percent_scale, records_to_frame, regime_order, warning_codes
-from harness.config.vocabulary import METRICS
+from harness.config.metrics import METRIC_NAMES
 
 # acc/forgetting_task_aware: class-IL runs' masked (task-id given) view; NaN for task-IL runs
-VALUES = (*METRICS, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware")
+VALUES = (*METRIC_NAMES, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware")
 BUDGET = ("optimizer_steps", "samples_seen")  # mean only: a budget is set by the protocol, not sampled
 
 

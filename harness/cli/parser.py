@@ -8,8 +8,8 @@ import argparse
 import math
 
 from ..config.errors import UserError
+from ..config.metrics import METRIC_NAMES
 from ..config.paths import DATA_ENV
-from ..config.vocabulary import METRICS
 
 RUN_EXAMPLES = """examples:
   cl-bench run --protocol depth-sweep-mini                  # the embedded demo sweep
@@ -252,7 +252,7 @@ def _add_report(sub, fmt) -> None:
     _add_records_source(rep)
     rep.add_argument("--format", required=True, choices=REPORT_FORMATS, help="latex (booktabs) or markdown (GitHub)")
     rep.add_argument("--out", metavar="FILE", help="write the report to FILE (default: standard output)")
-    rep.add_argument("--metric", choices=METRICS, default="acc", help="metric of the first table (default: acc)")
+    rep.add_argument("--metric", choices=METRIC_NAMES, default="acc", help="metric of the first table (default: acc)")
     rep.add_argument("--rope", type=_rope, default=1.0, metavar="POINTS", help=ROPE_HELP)
 
 

@@ -2,8 +2,9 @@
 
 Every name a protocol, a record, the CLI or the leaderboard uses is defined here: run
 statuses, scenarios and pre-training modes, the regime grammar, the backbones' blocks,
-the data sets' facts, metric names, optimizers, the name pattern and the entry-point
-group. Modules that need one of them import it from here rather than restating it.
+the data sets' facts, optimizers, the name pattern and the entry-point group (the metrics
+have their own table, config/metrics.py). Modules that need one of them import it from here
+rather than restating it.
 """
 from __future__ import annotations
 
@@ -51,8 +52,7 @@ def is_valid_name(name) -> bool:
     return isinstance(name, str) and bool(NAME_PATTERN.match(name)) and len(name) <= MAX_NAME
 
 
-# -- metrics ------------------------------------------------------------------------------
-METRICS = ("acc", "la", "bwt", "forgetting", "fwt", "aia")
+# -- learning checks ----------------------------------------------------------------------
 # Learning checks (harness/run/checks.py): a record with any of these warnings is flagged.
 WARNINGS = {
     "chance": "a task's accuracy right after training it is at chance level",
@@ -65,7 +65,6 @@ WARNINGS = {
 # A regime is a trainable subspace: a depth (which shared blocks train) and a family (what in
 # those blocks trains). Heads always train. `head` trains no shared block; `full` and the
 # families without a depth prefix act on every shared block.
-BASE_REGIMES = ("head", "last-1", "last-2", "last-3", "full")
 REGIME_FAMILIES = ("depth", "bitfit", "norm", "lora")
 FAMILY_DESCRIPTIONS = {
     "depth": "every parameter of the trainable blocks (head, last-k, full)",

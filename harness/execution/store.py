@@ -13,7 +13,7 @@ from ..config.specs import SCHEMA_VERSION, RunRecord, run_id_of
 from ..config.text import terminal_safe
 from ..config.vocabulary import STATUSES
 from ..run.checks import run_warnings
-from ..run.metrics import all_metrics, step_forgetting
+from ..config.metrics import all_metrics, step_forgetting
 
 RECORD_KEYS = frozenset(f.name for f in fields(RunRecord))
 TMP_MARK = ".tmp-"

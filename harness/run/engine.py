@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from .. import compat  # noqa: F401
+from ..config.metrics import all_metrics, step_forgetting
 from ..config.specs import RunRecord, RunSpec, failed_record
 from ..config.vocabulary import pretrain_label, regime_depth
 from ..api import contract
@@ -19,7 +20,6 @@ from ..api.contract import MethodContext, make_optimizer
 from ..api.registry import get_registry
 from .datasets import dataset_fingerprint, load_dataset
 from .evaluation import evaluate_class_il, task_accuracy
-from .metrics import all_metrics, step_forgetting
 from .models import build_model, shared_effective_weights, trainable_block_names
 from .checks import head_outputs, loss_windows, run_warnings
 from .norms import snapshot, update_norms

@@ -1,0 +1,121 @@
+"""The metric table: every per-run summary metric of cl-bench, defined once.
+
+A run's metrics follow from its accuracy matrix R and initial row b:
+R[i][j] = accuracy on task j's test set after training task i (i, j = 1..T), measured on
+*all* tasks after every task (future tasks too); b_j = accuracy on task j before training
+task 1. Task-incremental runs use each task's own head. Every definition is taken from the
+literature it names; the identity ACC = LA + ((T-1)/T) * BWT holds for any square R.
+
+`METRICS` (name -> Metric) is what the engine records, the store recomputes on read, the
+analysis aggregates and the report, figures, site and export label. Order matters: it is the
+order of the keys in a record's `metrics`. Values are accuracies (fractions of 1); pages show
+them in percent (points, for differences).
+
+numpy is imported when a metric is computed, not when this module is: the CLI's parser reads
+the table's names, and `cl-bench --help` stays numpy-free.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+def acc(R, init) -> float:
+    """ACC, final average accuracy: (1/T) sum_j R[T][j]."""
+    import numpy as np
+
+    return float(np.mean(R[-1]))
+
+
+def la(R, init) -> float:
+    """LA, learning accuracy (plasticity; Riemer et al. 2019): (1/T) sum_j R[j][j]."""
+    import numpy as np
+
+    return float(np.mean(np.diag(R)))
+
+
+def bwt(R, init) -> float:
+    """BWT, backward transfer (Lopez-Paz & Ranzato 2017): (1/(T-1)) sum_{j<T} (R[T][j] - R[j][j]); 0 for T = 1."""
+    import numpy as np
+
+    T = len(R)
+    if T < 2:
+        return 0.0
+    return float(np.mean([R[-1, j] - R[j, j] for j in range(T - 1)]))
+
+
+def forgetting(R, init) -> float:
+    """Forgetting (Chaudhry et al. 2018): (1/(T-1)) sum_{j<T} [max_{j<=l<T} R[l][j] - R[T][j]]; 0 for T = 1.
+
+    Max-based, not Avalanche's last-minus-initial forgetting.
+    """
+    import numpy as np
+
+    T = len(R)
+    if T < 2:
+        return 0.0
+    return float(np.mean([R[j:T - 1, j].max() - R[-1, j] for j in range(T - 1)]))
+
+
+def fwt(R, init) -> float:
+    """FWT, forward transfer (Lopez-Paz & Ranzato 2017): (1/(T-1)) sum_{j>=2} (R[j-1][j] - b_j); 0 for T = 1."""
+    import numpy as np
+
+    T = len(R)
+    if T < 2:
+        return 0.0
+    return float(np.mean([R[j - 1, j] - init[j] for j in range(1, T)]))
+
+
+def aia(R, init) -> float:
+    """AIA, average incremental accuracy (Rebuffi et al. 2017): (1/T) sum_k (1/k) sum_{j<=k} R[k][j]."""
+    import numpy as np
+
+    return float(np.mean([np.mean(R[k, :k + 1]) for k in range(len(R))]))
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One summary metric: its record key, how pages label it, its display unit, which way is
+    better, how it follows from (R, b) as numpy arrays, and what it measures."""
+
+    name: str
+    label: str
+    unit: str
+    higher_is_better: bool
+    function: Callable[..., float]
+    description: str
+
+
+METRICS = {m.name: m for m in (
+    Metric("acc", "ACC", "%", True, acc, "final average accuracy over all tasks"),
+    Metric("la", "LA", "%", True, la, "learning accuracy: each task's accuracy right after training it"),
+    Metric("bwt", "BWT", "%", True, bwt, "backward transfer: final minus just-learned accuracy of earlier tasks"),
+    Metric("forgetting", "Forgetting", "%", False, forgetting,
+           "forgetting: best earlier minus final accuracy of earlier tasks (Chaudhry et al. 2018)"),
+    Metric("fwt", "FWT", "%", True, fwt, "forward transfer: accuracy on a task before training it, minus at init"),
+    Metric("aia", "AIA", "%", True, aia, "average incremental accuracy over the tasks seen after each task"),
+)}
+METRIC_NAMES = tuple(METRICS)
+
+
+def all_metrics(acc_matrix, init_acc) -> dict:
+    """Every metric of the table for a complete T x T accuracy matrix and its initial row, in table order."""
+    import numpy as np
+
+    R = np.asarray(acc_matrix, dtype=float)
+    b = np.asarray(init_acc, dtype=float)
+    if R.ndim != 2 or R.shape[0] != R.shape[1]:
+        raise ValueError(f"accuracy matrix must be square, got shape {R.shape}")
+    return {m.name: m.function(R, b) for m in METRICS.values()}
+
+
+def step_forgetting(R) -> list:
+    """Per-step forgetting f_t = mean_{j<t} (R[t-1][j] - R[t][j]) for t >= 2, None for t = 1.
+
+    A series recorded with the update norms (to set against u_t), not a summary metric.
+    """
+    import numpy as np
+
+    R = np.asarray(R, dtype=float)
+    return [None] + [float(np.mean(R[t - 1, :t] - R[t, :t])) for t in range(1, len(R))]
