@@ -14,7 +14,7 @@ import pytest
 from harness.analysis.tables import analyse
 from harness.config.specs import RunRecord
 from harness.outputs import charts, site
-from harness.outputs.site import build_site, p_text, slug
+from harness.outputs.site import build_site, slug
 
 FIXTURE = Path(__file__).parent / "fixtures" / "analysis" / "records.json"
 LONG = "D with a long user label, to stress the layout"
@@ -92,12 +92,6 @@ def _ds(out: Path) -> Path:
 
 
 # ------------------------------------------------------------------ p-values
-
-@pytest.mark.parametrize("p, text", [(0.0, "< 0.001"), (0.00049, "< 0.001"), (0.001, "0.001"), (0.0625, "0.062"),
-                                     (0.3333, "0.333"), (1.0, "1.000"), (float("nan"), "—"), (None, "—")])
-def test_p_values_print_with_one_filter(p, text):
-    assert p_text(p) == text
-
 
 def test_pages_with_p_values_never_print_a_four_decimal_zero(built):
     for page in (built / "index.html", _ds(built)):

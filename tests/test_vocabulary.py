@@ -14,6 +14,7 @@ HOMES = {HARNESS / "config" / "vocabulary.py", HARNESS / "config" / "paths.py", 
 # Source patterns that would mean a definition restated outside its home.
 RESTATED = {
     "the metric names": r"""["']acc["'],\s*["']la["'],\s*["']bwt["']|Metric\(["']la["']""",
+    "the metric labels": r"""["']acc["']\s*:\s*["']ACC["']|Metric\(["']acc["'],\s*["']ACC["']""",
     "the optimizers": r"""["']sgd["'],\s*["']adam["']""",
     "the statuses": r"""["']ok["'],\s*["']failed["'],\s*["']diverged["']""",
     "the scenarios": r"""["']task-il["'],\s*["']class-il["']""",

@@ -24,8 +24,10 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from ..analysis.families import regime_table  # noqa: E402
 from ..analysis.frame import percent_scale, regime_order  # noqa: E402
+from ..config.metrics import METRICS  # noqa: E402
 from ..config.text import terminal_safe  # noqa: E402
 from .charts import spread, tick_percent  # noqa: E402
+from .formatting import p_eq  # noqa: E402
 from .site import slug  # noqa: E402  (file names: readable prefix + hash, safe for any label)
 
 FORMATS = ("pdf", "png")
@@ -199,13 +201,6 @@ def rank_shift(tables: dict, ds) -> Figure | None:
 
 # ------------------------------------------------------------------------- (b) Kendall tau
 
-def p_text(p) -> str:
-    """A p-value as printed in a cell: '<0.001' below 0.001, three decimals otherwise, 'n/a' if missing."""
-    if p is None or (isinstance(p, float) and math.isnan(p)):
-        return "n/a"
-    return "<0.001" if p < 0.001 else f"{p:.3f}"
-
-
 def tau_heatmap(tables: dict, ds) -> Figure | None:
     """Kendall tau_b between the method rankings of every pair of regimes; tau, p and n in each cell."""
     tau = tables.get("tau")
@@ -222,7 +217,7 @@ def tau_heatmap(tables: dict, ds) -> Figure | None:
         if r.regime_a in pos and r.regime_b in pos:
             i, j = pos[r.regime_a], pos[r.regime_b]
             grid[i, j] = r.tau
-            p = "" if i == j else f"\np={p_text(r.p)}"
+            p = "" if i == j else f"\np {p_eq(r.p)}"
             label = "n/a" if math.isnan(r.tau) else f"τ={r.tau:.2f}"
             ax.text(j, i, f"{label}{p}\nn={int(r.n_methods)}", ha="center", va="center", fontsize=6,
                     color="white" if abs(np.nan_to_num(r.tau)) > 0.6 else "black")
@@ -257,7 +252,7 @@ def norm_forgetting(tables: dict, ds) -> Figure | None:
             ax.scatter(pts["mean_update_norm"], pts["forgetting"] * scale, color=colour, marker=marker, s=14)
         ax.set_title(_corr_title(tables, ds, rg))
         ax.set_xlabel("mean update norm per task")
-    axes[0].set_ylabel("forgetting (%)")
+    axes[0].set_ylabel(_axis_label("forgetting"))
     fig.suptitle(f"{text(ds)}: update norm vs forgetting (one point per run)")
     _method_legend(fig, style)
     return fig
@@ -324,19 +319,25 @@ def acc_forgetting(tables: dict, ds) -> Figure | None:
     style = _style(methods)
     fig, axes = _figure(2, rows=2, sharex=True)
     fig.set_size_inches(max(3.5, 0.9 * len(regimes) * max(1, len(methods) / 4) + 1.8), 2 * PANEL_H)
-    for ax, metric, label in zip(axes, ("acc", "forgetting"), ("ACC (%), 95% CI", "forgetting (%), 95% CI")):
+    for ax, metric in zip(axes, ("acc", "forgetting")):
         for i, m in enumerate(methods):
             d = sub[sub["method"] == m].dropna(subset=[metric]).assign(x=lambda f: f["regime"].map(pos))
             err = np.vstack([d[metric] - d[f"{metric}_lo"], d[f"{metric}_hi"] - d[metric]]).clip(min=0) * scale
             colour, marker = style[m]
             ax.errorbar(_dodged(d["x"].to_numpy(), pos, log, i, len(methods), 0.5), d[metric] * scale, yerr=err,
                         color=colour, marker=marker, linestyle="none")
-        ax.set_ylabel(label)
+        ax.set_ylabel(f"{_axis_label(metric)}, 95% CI")
     _regime_axis(axes[1], pos, log, names_on=axes[0])
     axes[0].tick_params(labelbottom=False)
-    fig.suptitle(f"{text(ds)}: ACC and forgetting")
+    fig.suptitle(f"{text(ds)}: {METRICS['acc'].label} and {METRICS['forgetting'].label}")
     _method_legend(fig, style)
     return fig
+
+
+def _axis_label(metric: str) -> str:
+    """A metric's axis label from the metric table: its label and unit, e.g. "ACC (%)"."""
+    m = METRICS[metric]
+    return f"{m.label} ({m.unit})"
 
 
 FIGURES = {"rank-shift": rank_shift, "tau": tau_heatmap, "norm-forgetting": norm_forgetting,

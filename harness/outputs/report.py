@@ -3,7 +3,8 @@
 Pure functions (tables in, text out): `report_markdown` for a GitHub table, `report_latex` for
 a booktabs table. Each dataset gets the chosen metric's table, then forgetting's. Two tables,
 not two lines per cell: a Markdown cell holds one line, each table has its own best cell per
-column (highest ACC, lowest forgetting), and either table can be pasted alone.
+column (the metric table says which way is better; formatting.best_as_printed decides), and
+either table can be pasted alone.
 """
 from __future__ import annotations
 
@@ -14,15 +15,14 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from ..analysis.frame import FLAG, percent_scale, regime_order
+from ..config.metrics import METRICS
 from ..config.text import terminal_safe
+from .formatting import MISSING, TEX_MISSING, best_as_printed, mean_ci
 from .site import slug  # label keys: letters, digits, '-' and a hash, so no two datasets share one
 
-NAMES = {"acc": "ACC", "la": "LA", "bwt": "BWT", "forgetting": "Forgetting", "fwt": "FWT", "aia": "AIA"}
-LOWER_IS_BETTER = frozenset({"forgetting"})
 CREDIBLE_METRIC = "acc"  # the Bayesian comparison (tables["bayes"]) is over ACC
 MD_CREDIBLE, TEX_CREDIBLE = "‡", r"\ddag"
 TEX_FLAG = r"\dag"
-DIGITS = 1  # one decimal of a percent: task orders rarely resolve finer differences
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ class Grid:
 
 def grids(tables: dict, metric: str = "acc") -> list[list[Grid]]:
     """Per dataset (sorted), the metric's grid and then forgetting's (once if metric is forgetting)."""
-    if metric not in NAMES:
-        raise ValueError(f"metric {metric!r} is not one of {', '.join(NAMES)}")
+    if metric not in METRICS:
+        raise ValueError(f"metric {metric!r} is not one of {', '.join(METRICS)}")
     methods = tables["methods"]
     regimes = regime_order(tables["runs"])
     scale = percent_scale(tables["runs"])
@@ -75,7 +75,7 @@ def _grid(sub: pd.DataFrame, runs: pd.DataFrame, ds, metric: str, order, scale: 
         if not math.isnan(mean):
             half = (getattr(r, f"{metric}_hi") - getattr(r, f"{metric}_lo")) / 2
             cells[(r.method, r.regime)] = Cell(mean * scale, half * scale, int(r.n_flagged))
-    cells = _mark_best(cells, regimes, metric in LOWER_IS_BETTER)
+    cells = _mark_best(cells, regimes, METRICS[metric].higher_is_better)
     if bayes is not None and metric == CREDIBLE_METRIC:
         cells = _mark_credible(cells, regimes, bayes[bayes["dataset"] == ds])
     ds_runs = runs[runs["dataset"] == ds]
@@ -85,23 +85,19 @@ def _grid(sub: pd.DataFrame, runs: pd.DataFrame, ds, metric: str, order, scale: 
                 ok_range=(int(ok.min()), int(ok.max())), credible_note=note)
 
 
-def _column(cells: dict, regime, lower: bool) -> list:
+def _column(cells: dict, regime, higher_is_better: bool) -> list:
     """The column's (method, cell) pairs, best mean first (name order breaks ties)."""
     col = sorted(((m, c) for (m, r), c in cells.items() if r == regime), key=lambda mc: mc[0])
-    return sorted(col, key=lambda mc: mc[1].mean if lower else -mc[1].mean)
+    return sorted(col, key=lambda mc: -mc[1].mean if higher_is_better else mc[1].mean)
 
 
-def _mark_best(cells: dict, regimes, lower: bool) -> dict:
-    """Bold every cell whose printed mean equals its column's best printed mean (ties all bold)."""
-    # Compared as printed: a reader must not see two equal numbers with only one in bold.
+def _mark_best(cells: dict, regimes, higher_is_better: bool) -> dict:
+    """Bold every cell of its column's best printed mean (ties all bold)."""
     out = dict(cells)
     for rg in regimes:
-        col = _column(cells, rg, lower)
-        if col:
-            top = round(col[0][1].mean, DIGITS)
-            for m, c in col:
-                if round(c.mean, DIGITS) == top:
-                    out[(m, rg)] = replace(c, best=True)
+        column = {m: c.mean for (m, r), c in cells.items() if r == rg}
+        for m in best_as_printed(column, higher_is_better):
+            out[(m, rg)] = replace(cells[(m, rg)], best=True)
     return out
 
 
@@ -109,7 +105,7 @@ def _mark_credible(cells: dict, regimes, bayes: pd.DataFrame) -> dict:
     """Mark a column's best method where the Bayesian test decides for it against the runner-up."""
     out = dict(cells)
     for rg in regimes:
-        col = _column(cells, rg, lower=False)
+        col = _column(cells, rg, METRICS[CREDIBLE_METRIC].higher_is_better)
         if len(col) < 2:
             continue
         (best, cell), (runner, _) = col[0], col[1]
@@ -149,17 +145,14 @@ def rope_points(tables: dict) -> float:
     return float(values.pop()) * percent_scale(tables["runs"]) if len(values) == 1 else math.nan
 
 
-def _number(cell: Cell) -> str:
-    return f"{cell.mean:.{DIGITS}f} ± {cell.half:.{DIGITS}f}"
-
-
 def _caption(g: Grid) -> str:
     """What the numbers are: the metric, over how many orders, what ± means, what bold means."""
     runs = f"{g.n_orders} task orders" + (f" × {g.n_seeds} seeds" if g.n_seeds > 1 else "")
     lo, hi = g.ok_range
     ok = f"; ok runs per cell: {lo}–{hi}" if lo != hi else ""
-    best = "lowest" if g.metric in LOWER_IS_BETTER else "highest"
-    return (f"{NAMES[g.metric]} (%), mean over {runs}{ok}; ± is half the width of the 95% percentile "
+    metric = METRICS[g.metric]
+    best = "highest" if metric.higher_is_better else "lowest"
+    return (f"{metric.label} ({metric.unit}), mean over {runs}{ok}; ± is half the width of the 95% percentile "
             f"bootstrap CI of the mean. Bold: the {best} mean of each regime (as printed).")
 
 
@@ -218,8 +211,9 @@ def _md_row(items) -> str:
 
 def _md_cell(cell: Cell | None) -> str:
     if cell is None:
-        return "—"
-    text = f"**{_number(cell)}**" if cell.best else _number(cell)
+        return MISSING
+    number = mean_ci(cell.mean, cell.half)
+    text = f"**{number}**" if cell.best else number
     text += MD_CREDIBLE if cell.credible else ""
     return text + (f" {FLAG}{cell.n_flagged}" if cell.n_flagged else "")
 
@@ -267,8 +261,8 @@ def _tex_table(g: Grid, ranked_flagged: bool) -> str:
 
 def _tex_cell(cell: Cell | None) -> str:
     if cell is None:
-        return "---"
-    text = f"{cell.mean:.{DIGITS}f} $\\pm$ {cell.half:.{DIGITS}f}"
+        return TEX_MISSING
+    text = mean_ci(cell.mean, cell.half, tex=True)
     text = f"\\textbf{{{text}}}" if cell.best else text
     marks = (TEX_CREDIBLE if cell.credible else "") + (f"{TEX_FLAG}{cell.n_flagged}" if cell.n_flagged else "")
     return text + (f"\\textsuperscript{{{marks}}}" if marks else "")

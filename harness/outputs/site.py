@@ -18,15 +18,17 @@ from ..analysis.families import ALL as POOLED, families_in, regime_table
 from ..analysis.frame import FLAG, percent_scale, regime_order
 from ..analysis.tables import analyse, headline
 from ..config.paths import REPOSITORY
+from ..config.metrics import METRICS
 from ..config.specs import RunRecord
 from ..config.text import spreadsheet_safe
 from ..config.vocabulary import FAMILY_DESCRIPTIONS, WARNINGS, pretrain_label
 from ..execution.reproduce import reproduce_command
 from . import charts
 from .charts import METHOD_COLOURS, REGIME_COLOURS, ok as _ok, records_of as _records_of
+from .formatting import best_as_printed, num as _num, p_eq, p_text, percent
 
 TEMPLATES = REPOSITORY / "leaderboard" / "templates"
-__all__ = ["build_site", "site_summary_line", "slug", "flag_title", "p_text", "METHOD_COLOURS", "REGIME_COLOURS"]
+__all__ = ["build_site", "site_summary_line", "slug", "flag_title", "METHOD_COLOURS", "REGIME_COLOURS"]
 
 
 def slug(name: str) -> str:
@@ -39,27 +41,14 @@ def _env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              autoescape=True, trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined)
-    env.filters.update(num=_num, pct=lambda x, s=100.0: _num(x * s if _ok(x) else x, 1),
+    env.filters.update(num=_num, pct=percent,
                        slug=slug, tojson_compact=lambda v: json.dumps(v, default=str),
                        tojson_pretty=lambda v: json.dumps(v, indent=1, default=str),
                        thousands=_thousands, flag_title=flag_title, p=p_text,
-                       p_eq=_p_eq,
+                       p_eq=p_eq,
                        prob=lambda x: _num(x, 3), listing=_listing, val=_value, frac=charts.fraction_text)
+    env.globals["metrics"] = METRICS  # labels and directions of the metric table
     return env
-
-
-def p_text(p) -> str:
-    """A p-value as shown everywhere: "< 0.001" below 0.001, else three decimals (never "0.0000")."""
-    if not _ok(p):
-        return "—"
-    return "< 0.001" if p < 0.001 else f"{p:.3f}"
-
-
-def _p_eq(p) -> str:
-    """The p filter after a "p": "< 0.001", "= 0.123", or "n/a" when there is none."""
-    if not _ok(p):
-        return "n/a"
-    return p_text(p) if p < 0.001 else f"= {p_text(p)}"
 
 
 def _value(x, digits: int = 4) -> str:
@@ -84,11 +73,6 @@ def flag_title(codes: str) -> str:
     if not items:
         return ""
     return "learning-check warnings: " + "; ".join(f"{c} ({WARNINGS[c]})" if c in WARNINGS else c for c in items)
-
-
-def _num(x, digits: int = 3) -> str:
-    """Fixed-point text, or an em dash for missing values."""
-    return f"{x:.{digits}f}" if _ok(x) else "—"
 
 
 class _Writer:
@@ -431,7 +415,7 @@ def _dataset_page(w: _Writer, t: dict, ds: str) -> Path:
     fractions = {r["regime"]: r["fraction"] for r in _records_of(sel["regimes"])} if "regimes" in sel else None
     ctx = {
         "title": ds, "dataset": ds, "regs": regs, "degenerate": deg,
-        "grid": _grid(sel["methods"], regs, deg, _regime_cells(sel.get("regimes"))),
+        "grid": _grid(sel["methods"], regs, deg, _regime_cells(sel.get("regimes")), w.base["scale"]),
         "rows": _records_of(sel["methods"]),
         "tau": charts.heatmap(sel["tau"], regs, deg),
         "rank_shift": charts.rank_shift(sel["methods"], regs, colours, fractions),
@@ -472,7 +456,7 @@ def _regime_cells(rt: pd.DataFrame | None) -> dict:
     return {} if rt is None else {r["regime"]: {"family": r["family"], "fraction": r["fraction"]} for r in _records_of(rt)}
 
 
-def _grid(mt: pd.DataFrame, regs, degenerate: dict, info: dict | None = None) -> dict:
+def _grid(mt: pd.DataFrame, regs, degenerate: dict, info: dict | None = None, scale: float = 100.0) -> dict:
     """Method x regime cells (ACC, CI, forgetting, flags); the best mean ACC of each regime marked;
     per regime its family and trainable fraction (info: _regime_cells).
 
@@ -481,27 +465,24 @@ def _grid(mt: pd.DataFrame, regs, degenerate: dict, info: dict | None = None) ->
     rows = {m: {} for m in sorted(mt["method"].unique())}
     for r in _records_of(mt):
         rows[r["method"]][r["regime"]] = r
-    best = {}
-    for rg in regs:
-        accs = [c[rg]["acc"] for c in rows.values() if rg in c and c[rg]["acc"] is not None]
-        best[rg] = max(accs) if accs and rg not in degenerate else None
+    best = {rg: frozenset() if rg in degenerate else best_as_printed(
+        {m: c[rg]["acc"] * scale for m, c in rows.items() if rg in c and c[rg]["acc"] is not None},
+        METRICS["acc"].higher_is_better) for rg in regs}
     out = []
     for m, cells in rows.items():
-        out.append({"method": m, "cells": [_grid_cell(cells.get(rg), best[rg]) for rg in regs]})
+        out.append({"method": m, "cells": [_grid_cell(cells.get(rg), m in best[rg]) for rg in regs]})
     info = info or {}
     return {"rows": out, "regs": [{"name": rg, "degenerate": degenerate.get(rg, ""),
                                    "family": info.get(rg, {}).get("family", ""),
                                    "fraction": info.get(rg, {}).get("fraction")} for rg in regs]}
 
 
-def _grid_cell(r: dict | None, best) -> dict | None:
-    """One grid cell: the metric row plus whether it holds the column's best mean ACC."""
+def _grid_cell(r: dict | None, best: bool) -> dict | None:
+    """One grid cell: the metric row plus whether it holds the column's best mean ACC (as printed)."""
     if r is None:
         return None
     half = (r["acc_hi"] - r["acc_lo"]) / 2 if r["acc_hi"] is not None and r["acc_lo"] is not None else None
-    # Ties within float noise share the mark.
-    top = best is not None and r["acc"] is not None and r["acc"] >= best - 1e-12
-    return {**r, "half": half, "best": top}
+    return {**r, "half": half, "best": best}
 
 
 def _bayes_matrices(bayes: pd.DataFrame, regs) -> list[dict]:

@@ -1,0 +1,69 @@
+"""How numbers are printed on every output: the site's filters, the report's tables and the figures.
+
+One spelling per quantity wherever it appears:
+- a missing number is an em dash (LaTeX writes `---`, which typesets as one);
+- a p-value in a cell is "< 0.001" below 0.001, else three decimals; after a "p" in running
+  text (tooltips, figure cells) it reads "p < 0.001", "p = 0.123" or "p n/a";
+- a metric is a percent with DIGITS decimals (`percent`), with its CI as "mean ± half-width";
+  LaTeX writes the ± as `$\\pm$` (its text fonts have no ± glyph), everything else as ±.
+- "best per regime" is decided as printed (`best_as_printed`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Hashable, Mapping
+
+MISSING = "—"
+TEX_MISSING = "---"  # LaTeX typesets it as an em dash; its text fonts may lack the glyph
+DIGITS = 1  # one decimal of a percent: task orders rarely resolve finer differences
+P_FLOOR = 0.001  # smaller p-values print as "< 0.001": their digits are noise at these sample sizes
+
+
+def is_number(x) -> bool:
+    """A finite real number (not a bool)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def num(x, digits: int = 3, missing: str = MISSING) -> str:
+    """Fixed-point text, or `missing` for a missing or non-finite value."""
+    return f"{x:.{digits}f}" if is_number(x) else missing
+
+
+def percent(x, scale: float = 100.0, digits: int = DIGITS) -> str:
+    """A value on the accuracy scale (fraction, or percent when scale is 1) as percent text."""
+    return num(x * scale if is_number(x) else x, digits)
+
+
+def mean_ci(mean, half, digits: int = DIGITS, tex: bool = False) -> str:
+    """A mean with its CI as "mean ± half" (half: half the CI's width), both on the printed scale."""
+    pm, missing = (r"$\pm$", TEX_MISSING) if tex else ("±", MISSING)
+    return f"{num(mean, digits, missing)} {pm} {num(half, digits, missing)}"
+
+
+def p_text(p) -> str:
+    """A p-value in a cell: "< 0.001" below P_FLOOR, else three decimals, MISSING if there is none."""
+    if not is_number(p):
+        return MISSING
+    return f"< {P_FLOOR}" if p < P_FLOOR else f"{p:.3f}"
+
+
+def p_eq(p) -> str:
+    """A p-value after a "p": "< 0.001", "= 0.123", or "n/a" when there is none."""
+    if not is_number(p):
+        return "n/a"
+    return p_text(p) if p < P_FLOOR else f"= {p_text(p)}"
+
+
+def best_as_printed(values: Mapping[Hashable, float], higher_is_better: bool,
+                    digits: int = DIGITS) -> frozenset:
+    """The keys whose value, printed with `digits` decimals, equals the best printed value (ties all).
+
+    The one rule for "best per regime" on the site and in the report: a reader compares printed
+    numbers, so two cells that print alike are both best, and a difference too small to print
+    never decides. Values must be on the printed scale (percent); missing values are never best.
+    """
+    printed = {k: float(num(v, digits)) for k, v in values.items() if is_number(v)}
+    if not printed:
+        return frozenset()
+    top = max(printed.values()) if higher_is_better else min(printed.values())
+    return frozenset(k for k, v in printed.items() if v == top)

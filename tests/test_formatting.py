@@ -1,0 +1,47 @@
+"""One formatting module: p-values, percentages, CIs and the best-as-printed rule, as every output prints them."""
+from __future__ import annotations
+
+import pytest
+
+from harness.outputs.formatting import MISSING, best_as_printed, mean_ci, num, p_eq, p_text, percent
+
+
+@pytest.mark.parametrize("p, text", [(0.0, "< 0.001"), (0.00049, "< 0.001"), (0.0009999, "< 0.001"),
+                                     (0.001, "0.001"), (0.0625, "0.062"), (0.3333, "0.333"), (1.0, "1.000"),
+                                     (float("nan"), "—"), (None, "—"), (True, "—")])
+def test_p_values_in_a_cell(p, text):
+    assert p_text(p) == text
+
+
+@pytest.mark.parametrize("p, text", [(0.0002, "< 0.001"), (0.5, "= 0.500"), (float("nan"), "n/a"), (None, "n/a")])
+def test_p_values_after_a_p(p, text):
+    assert p_eq(p) == text
+
+
+def test_numbers_percentages_and_cis():
+    assert (num(0.12345), num(0.12345, 1), num(float("inf")), num("x")) == ("0.123", "0.1", MISSING, MISSING)
+    assert (percent(0.9234), percent(92.34, scale=1.0), percent(None)) == ("92.3", "92.3", MISSING)
+    assert mean_ci(92.34, 1.25) == "92.3 ± 1.2"  # 1.25 is 1.25 in binary: ties go to even
+    assert mean_ci(92.34, 1.26, tex=True) == r"92.3 $\pm$ 1.3"
+    assert mean_ci(92.34, float("nan"), tex=True) == r"92.3 $\pm$ ---"
+
+
+def test_best_is_decided_as_printed():
+    # 91.04 and 91.0 print alike: both best; 90.96 prints as 91.0 too; 90.94 does not.
+    values = {"a": 91.04, "b": 91.0, "c": 90.96, "d": 90.94, "e": None, "f": float("nan")}
+    assert best_as_printed(values, higher_is_better=True) == {"a", "b", "c"}
+    assert best_as_printed(values, higher_is_better=False) == {"d"}
+    assert best_as_printed({"a": 0.5004, "b": 0.5}, True, digits=3) == {"a", "b"}
+    assert best_as_printed({"a": 0.5006, "b": 0.5}, True, digits=3) == {"a"}
+    assert best_as_printed({"e": None}, True) == frozenset()
+
+
+def test_outputs_print_p_values_through_the_one_module():
+    # No output module restates the p-value rule (a literal "< 0.001" or "<0.001").
+    import re
+    from pathlib import Path
+
+    outputs = Path(__file__).resolve().parent.parent / "harness" / "outputs"
+    found = [p.name for p in outputs.glob("*.py") if p.name != "formatting.py"
+             and re.search(r"<\s?0\.001", p.read_text(encoding="utf-8"))]
+    assert not found, found
