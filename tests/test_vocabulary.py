@@ -16,8 +16,9 @@ RESTATED = {
     "the metric names": r"""["']acc["'],\s*["']la["'],\s*["']bwt["']|Metric\(["']la["']""",
     "the metric labels": r"""["']acc["']\s*:\s*["']ACC["']|Metric\(["']acc["'],\s*["']ACC["']""",
     "the optimizers": r"""["']sgd["'],\s*["']adam["']""",
-    "the statuses": r"""["']ok["'],\s*["']failed["'],\s*["']diverged["']""",
-    "the scenarios": r"""["']task-il["'],\s*["']class-il["']""",
+    "the statuses": r"""["']ok["'],\s*["']failed["'],\s*["']diverged["']|FAILED = ["']failed["']""",
+    "the scenarios": r"""["']task-il["'],\s*["']class-il["']|TASK_IL = ["']task-il["']""",
+    "the regime families": r"""["']depth["'],\s*["']bitfit["']|BITFIT = ["']bitfit["']""",
     "the pre-training modes": r"""["']first-task["'],\s*["']none["']""",
     "the regime grammar": r"last-\(|last-\[|\^last",
     "the name pattern": r"A-Za-z0-9\]\[A-Za-z0-9_\.-\]",
@@ -40,6 +41,26 @@ def test_the_restatement_patterns_match_their_definitions():
     home = "\n".join(p.read_text() for p in HOMES)
     missing = [what for what, pattern in RESTATED.items() if not re.search(pattern, home)]
     assert not missing, f"patterns that no longer find their own definition: {missing}"
+
+
+# A status, scenario or family written as a bare string where code decides by it.
+LITERAL = re.compile(r"""(==|!=|\bin \(|status=|scenario=|families=\()\s*["'](ok|failed|diverged|timeout|task-il|class-il|"""
+                     r"""depth|bitfit|norm|lora)["']""")
+
+
+def test_statuses_scenarios_and_families_are_enums_outside_the_vocabulary():
+    found = [f"{p.relative_to(HARNESS)}:{i}" for p in sorted(HARNESS.rglob("*.py")) if p not in HOMES
+             for i, line in enumerate(p.read_text().splitlines(), 1) if LITERAL.search(line.split("#")[0])]
+    assert not found, f"use vocabulary.Status / Scenario / Family: {found}"
+
+
+def test_enums_serialise_as_their_strings():
+    import json
+
+    assert json.dumps([v.Status.OK, v.Scenario.CLASS_IL, v.Family.LORA]) == '["ok", "class-il", "lora"]'
+    assert f"{v.Status.TIMEOUT}" == "timeout" and v.Status.OK == "ok" and {"ok": 1}[v.Status.OK] == 1
+    assert tuple(v.Family) == ("depth", "bitfit", "norm", "lora")
+    assert v.parse_regime("last-2:lora-r4").family is v.Family.LORA
 
 
 def test_backbones_name_their_blocks_as_the_vocabulary_does():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness.analysis.frame import family_of, regime_order
+from harness.config.vocabulary import Status
 
 UNIT = ["order", "seed"]  # one replicate; seeds are averaged within an order afterwards
 
@@ -26,7 +27,7 @@ def unit_matrix(sub: pd.DataFrame, metric: str = "acc") -> pd.DataFrame:
     so a method that failed, was flagged or never ran there shows a hole.
     """
     units = pd.MultiIndex.from_frame(sub[UNIT].drop_duplicates().sort_values(UNIT))
-    ok = sub[(sub["status"] == "ok") & sub[metric].notna()]
+    ok = sub[(sub["status"] == Status.OK) & sub[metric].notna()]
     methods = sorted(sub["method"].unique())
     wide = ok.pivot_table(index=UNIT, columns="method", values=metric, aggfunc="mean")
     wide = wide.reindex(index=units, columns=methods)
@@ -80,8 +81,8 @@ def coverage_table(frame: pd.DataFrame) -> pd.DataFrame:
         full = set(complete(unit_matrix(sub))[0])
         for m in planned[(ds, rg)]:
             own = sub[sub["method"] == m]
-            n_ok = int(((own["status"] == "ok") & own["acc"].notna()).sum())
-            bad = own[own["status"] != "ok"]["status"].value_counts().to_dict()
+            n_ok = int(((own["status"] == Status.OK) & own["acc"].notna()).sum())
+            bad = own[own["status"] != Status.OK]["status"].value_counts().to_dict()
             rows.append({"dataset": ds, "regime": rg, "method": m, "expected": n_units,
                          "ok": n_ok, "not_ok": int(sum(bad.values())),
                          "statuses": ", ".join(f"{k}: {v}" for k, v in sorted(bad.items())),

@@ -1,6 +1,6 @@
 """Rank agreement within and across subspace families: do rankings survive a change of family?
 
-A regime is a trainable subspace of one family (vocabulary.REGIME_FAMILIES; `head`, `last-k` and
+A regime is a trainable subspace of one family (vocabulary.Family; `head`, `last-k` and
 `full` are depth). A pair of regimes of one family is `within`, a pair of two families `across`.
 The τ and reversal tables come from ranks.py and decisions.py (degenerate regimes are already out
 of them); only Kendall's W per family ranks a family's regimes afresh. Methods absent by design

@@ -9,7 +9,7 @@ import pandas as pd
 from ..config.specs import RunRecord
 from ..config.text import terminal_safe
 from ..config.metrics import METRIC_NAMES
-from ..config.vocabulary import WARNINGS, regime_family, regime_sort_key
+from ..config.vocabulary import WARNINGS, Status, regime_family, regime_sort_key
 
 # `ranked`: the run enters the rank statistics (ok, and not flagged unless flagged runs are
 # included); it is the one place that policy is decided, every unit matrix reads it.
@@ -89,7 +89,7 @@ def _row(rec: RunRecord) -> dict:
 
 def ranked_runs(frame: pd.DataFrame, include_flagged: bool = False) -> pd.Series:
     """Mask of the runs rank statistics use: ok ones, flagged ones only when included."""
-    ok = frame["status"] == "ok"
+    ok = frame["status"] == Status.OK
     return ok if include_flagged else ok & ~frame["flagged"].astype(bool)
 
 
@@ -118,7 +118,7 @@ def _nan_last(x: float) -> float:
 
 def ok_runs(frame: pd.DataFrame) -> pd.DataFrame:
     """Runs that finished with status ok (the only ones statistics use)."""
-    return frame[frame["status"] == "ok"]
+    return frame[frame["status"] == Status.OK]
 
 
 def percent_scale(frame: pd.DataFrame) -> float:
@@ -133,7 +133,7 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame(columns=cols)
     keys = ["dataset", "method", "regime"]
-    ok = frame["status"] == "ok"
+    ok = frame["status"] == Status.OK
     g = frame.assign(n=ok.astype(int), n_failed=(~ok).astype(int), n_flagged=frame["flagged"].astype(int),
                      acc=frame["acc"].where(ok), forgetting=frame["forgetting"].where(ok))
     out = g.groupby(keys, sort=False).agg(acc=("acc", "mean"), forgetting=("forgetting", "mean"),

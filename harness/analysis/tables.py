@@ -10,6 +10,7 @@ from harness.analysis.coverage import Cells, coverage_table
 from harness.analysis.degenerate import degenerate_regimes, degenerate_table
 from harness.analysis.frame import percent_scale, records_to_frame, regime_order, warning_codes
 from harness.config.metrics import METRIC_NAMES
+from harness.config.vocabulary import Status
 
 # acc/forgetting_task_aware: class-IL runs' masked (task-id given) view; NaN for task-IL runs
 VALUES = (*METRIC_NAMES, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware")
@@ -22,11 +23,11 @@ def metric_table(frame: pd.DataFrame, seed: int = stats.SEED) -> pd.DataFrame:
     pos = {r: i for i, r in enumerate(regime_order(frame))}
     rows = []
     for (ds, rg, m), sub in frame.groupby(["dataset", "regime", "method"], sort=False):
-        ok = sub[sub["status"] == "ok"]
+        ok = sub[sub["status"] == Status.OK]
         row = {"dataset": ds, "regime": rg, "method": m, "n_runs": len(sub), "n_ok": len(ok),
                "n_failed": len(sub) - len(ok),
                "statuses": ", ".join(f"{k}: {v}" for k, v in sorted(
-                   sub.loc[sub["status"] != "ok", "status"].value_counts().items())),
+                   sub.loc[sub["status"] != Status.OK, "status"].value_counts().items())),
                "n_flagged": int(sub["flagged"].sum()), "warning_codes": _codes(sub["warning_codes"]),
                **{b: float(ok[b].mean()) if ok[b].notna().any() else math.nan for b in BUDGET}}
         mean, lo, hi = stats.bootstrap_means(ok[list(VALUES)].to_numpy(), seed=seed)
@@ -51,7 +52,7 @@ def budget_table(frame: pd.DataFrame) -> pd.DataFrame:
     The ratio is taken per dataset (budgets differ between datasets), then averaged over them.
     """
     cols = ["method", "optimizer_steps", "samples_seen", "relative_steps", "n_datasets"]
-    ok = frame[(frame["status"] == "ok") & frame["optimizer_steps"].notna()]
+    ok = frame[(frame["status"] == Status.OK) & frame["optimizer_steps"].notna()]
     if ok.empty:
         return pd.DataFrame(columns=cols)
     per = ok.groupby(["dataset", "method"])[list(BUDGET)].mean().reset_index()

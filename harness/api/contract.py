@@ -19,7 +19,7 @@ import torch
 
 from .. import compat  # noqa: F401  (quirks first)
 from ..config.specs import TrainingSpec
-from ..config.vocabulary import OPTIMIZERS, REGIME_FAMILIES
+from ..config.vocabulary import OPTIMIZERS, Family, Scenario
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class MethodAdapter:
     version: str = "1"
     hparam_types: Mapping[str, tuple] = field(default_factory=lambda: MappingProxyType({}))
     implementation: str = ""
-    regime_families: tuple[str, ...] = REGIME_FAMILIES
+    regime_families: tuple[str, ...] = tuple(Family)
     regime_note: str = ""
 
 
@@ -78,7 +78,7 @@ class MethodContext:
     n_tasks: int
     regime: str
     pretrain: str
-    scenario: str
+    scenario: Scenario
     seed: int
     training: TrainingSpec = field(default_factory=TrainingSpec)
     # The run's tasks (Task: index, classes, x/y train/test tensors). For diagnostics only

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..config.errors import UserError
 from ..config.paths import submission_files, submissions_dir
-from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, REGIME_FAMILIES
+from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, Family
 from .contract import MethodAdapter
 
 METHODS_PACKAGE = "harness.methods"  # one module per built-in method family, nothing else
@@ -43,7 +43,7 @@ def adapters_from_module(module, source: str) -> list[MethodAdapter]:
                             captions=getattr(module, "CAPTIONS", {}),
                             hparam_types=getattr(module, "HPARAM_TYPES", {}),
                             version=getattr(module, "VERSION", "1"),
-                            regime_families=tuple(getattr(module, "REGIME_FAMILIES", REGIME_FAMILIES)),
+                            regime_families=tuple(getattr(module, "REGIME_FAMILIES", Family)),
                             regime_note=str(getattr(module, "REGIME_NOTE", "")))
     adapter = validate_adapter(adapter, source)
     return [dataclasses.replace(adapter, defaults=dict(adapter.defaults), captions=dict(adapter.captions),
@@ -73,9 +73,9 @@ def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
         raise RegistryError(f"{source}: CAPTIONS of {name!r} must map diagnostic keys to strings")
     _check_hparam_types(adapter, source)
     families = adapter.regime_families
-    if not isinstance(families, tuple) or not families or any(f not in REGIME_FAMILIES for f in families):
+    if not isinstance(families, tuple) or not families or any(f not in tuple(Family) for f in families):
         raise RegistryError(f"{source}: REGIME_FAMILIES of {name!r} must be a non-empty tuple of "
-                            f"{', '.join(REGIME_FAMILIES)}, got {families!r}")
+                            f"{', '.join(Family)}, got {families!r}")
     if not isinstance(adapter.version, str) or not adapter.version:
         raise RegistryError(f"{source}: the version of {name!r} must be a non-empty string, got {adapter.version!r}")
     return adapter

@@ -5,6 +5,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..config.vocabulary import Status
 from .requests import (CheckRequest, ExportRequest, FiguresRequest, LeaderboardRequest, ListRequest,
                        ReportRequest, ReproduceRequest, SubmitRequest, SweepRequest)
 
@@ -414,7 +415,7 @@ def submit_command(req: SubmitRequest) -> int:
     if s.dry_run:
         return 0
     result = _sweep_and_report(s, sub.protocol, sub.plan, _options(s, submission=sub.info), of=f" of {sub.method!r}")
-    if result.written and not result.statuses.get("ok"):
+    if result.written and not result.statuses.get(Status.OK):
         errors = _distinct_errors(s.results, sub.protocol.name, result.failed_ids)
         print(f"submit: no run of {sub.method!r} finished ok; {len(errors)} distinct error(s):", file=sys.stderr)
         for error, count in errors:

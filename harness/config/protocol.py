@@ -11,8 +11,8 @@ from .pretrain import PretrainError, check_pretrain_for_model, parse_pretrain
 from .paths import protocol_dirs
 from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
 from .vocabulary import (DATASET_NAMES, DATASETS, MODELS, NAME_RULE, OPTIMIZERS,
-                         NPZ_PREFIX, REGIME_GRAMMAR, SCENARIOS, USER_DATA_DEFAULT_MODEL, is_dataset_name, is_regime_name,
-                         REGIME_FAMILIES, is_valid_name, regime_family, regime_problem)
+                         NPZ_PREFIX, REGIME_GRAMMAR, USER_DATA_DEFAULT_MODEL, is_dataset_name, is_regime_name,
+                         Family, Scenario, is_valid_name, regime_family, regime_problem)
 
 PROTOCOL_KEYS = ("name", "version", "description", "scenario", "pretrain", "datasets", "regimes",
                  "methods", "task_orders", "seeds", "training", "evaluation", "resources")
@@ -126,7 +126,7 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
         raise ProtocolError(str(exc)) from None
     return Protocol(
         name=name, version=version, description=v.string(raw.get("description", ""), "description"),
-        scenario=v.choice(raw.get("scenario", "task-il"), "scenario", SCENARIOS),
+        scenario=Scenario(v.choice(raw.get("scenario", Scenario.TASK_IL), "scenario", tuple(Scenario))),
         pretrain=pretrain,
         datasets=datasets, regimes=regimes, methods=methods, task_orders=orders,
         order_seed=order_seed, seeds=v.seeds(raw.get("seeds", [0])),
@@ -292,7 +292,7 @@ class _Validator:
                     self.fail(f"{key}.regimes[{j}]", f"{_show(r)} is not a regime of this protocol; allowed: "
                                                      f"{', '.join(regimes)}")
         runs_on = tuple(r for r in regimes if listed is None or r in listed)
-        families = tuple(getattr(adapter, "regime_families", REGIME_FAMILIES))
+        families = tuple(getattr(adapter, "regime_families", Family))
         for r in runs_on:
             if regime_family(r) not in families:
                 note = getattr(adapter, "regime_note", "") or "its adapter declares so"

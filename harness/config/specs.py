@@ -5,6 +5,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+from .vocabulary import Scenario, Status
+
 # 2: run ids cover the method's implementation and the data's content (RunSpec.method_version,
 # RunSpec.data_fingerprint); records of schema 1 are foreign to this harness, never re-keyed.
 # 3: records carry their training budget, learning checks and warnings; the schema version
@@ -66,7 +68,7 @@ class Protocol:
     name: str
     version: str
     description: str
-    scenario: str
+    scenario: Scenario
     pretrain: str
     datasets: tuple[DatasetSpec, ...]
     regimes: tuple[str, ...]
@@ -103,7 +105,7 @@ class RunSpec:
     order: int
     class_order: tuple[int, ...]
     seed: int
-    scenario: str
+    scenario: Scenario
     pretrain: str | dict  # first-task, none, or a pretrained backbone ({checkpoint|dataset|torchvision: ...})
     training: TrainingSpec
     eval_batch_size: int
@@ -131,6 +133,7 @@ class RunSpec:
         d["dataset"] = DatasetSpec(**d["dataset"])
         d["training"] = TrainingSpec(**d["training"])
         d["class_order"] = tuple(d["class_order"])
+        d["scenario"] = Scenario(d["scenario"])
         return RunSpec(**d)
 
 
@@ -166,7 +169,7 @@ class RunRecord:
     """
 
     run_id: str
-    status: str
+    status: Status
     error: str | None
     spec: RunSpec
     acc_matrix: list
@@ -194,7 +197,7 @@ class RunRecord:
     @staticmethod
     def from_dict(d: dict) -> "RunRecord":
         """Rebuild from JSON; unknown or missing keys raise TypeError (the caller validates)."""
-        return RunRecord(**{**d, "spec": RunSpec.from_dict(d["spec"])})
+        return RunRecord(**{**d, "status": Status(d["status"]), "spec": RunSpec.from_dict(d["spec"])})
 
     @property
     def method(self) -> str:
@@ -214,7 +217,7 @@ class RunRecord:
     @property
     def ok(self) -> bool:
         """True when the run finished with status ok."""
-        return self.status == "ok"
+        return self.status == Status.OK
 
     @property
     def flagged(self) -> bool:
@@ -222,7 +225,7 @@ class RunRecord:
         return bool(self.warnings)
 
 
-def failed_record(spec: RunSpec, error: str, status: str = "failed", provenance: dict | None = None,
+def failed_record(spec: RunSpec, error: str, status: Status = Status.FAILED, provenance: dict | None = None,
                   **measured) -> RunRecord:
     """The record of a run that did not finish: whatever was measured (`measured`), else nothing."""
     empty = dict(acc_matrix=[], init_acc=[], metrics={}, update_norms={}, diagnostics={}, params={},
@@ -231,8 +234,8 @@ def failed_record(spec: RunSpec, error: str, status: str = "failed", provenance:
                      provenance=provenance or {}, **{**empty, **measured})
 
 
-def _no_task_aware(scenario: str) -> dict:
+def _no_task_aware(scenario: Scenario) -> dict:
     """The task-aware fields of a record that measured nothing: empty in class-IL, None in task-IL."""
-    if scenario == "task-il":
+    if scenario == Scenario.TASK_IL:
         return dict(acc_matrix_task_aware=None, init_acc_task_aware=None, metrics_task_aware=None)
     return dict(acc_matrix_task_aware=[], init_acc_task_aware=[], metrics_task_aware={})

@@ -10,10 +10,28 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
+
 
 # -- runs and protocols -------------------------------------------------------------------
-STATUSES = ("ok", "failed", "diverged", "timeout")
-SCENARIOS = ("task-il", "class-il")
+# StrEnums: a member is its string (== "ok", json.dumps writes "ok"), so records, specs and run
+# ids serialise exactly as the plain strings did.
+class Status(StrEnum):
+    """How a run ended; every run leaves a record, whatever its status."""
+
+    OK = "ok"
+    FAILED = "failed"  # the method or the harness raised; the error is recorded
+    DIVERGED = "diverged"  # the loss became NaN or inf
+    TIMEOUT = "timeout"  # the timeout executor stopped the run past its limit
+
+
+class Scenario(StrEnum):
+    """Task-incremental (one head per task, task id given) or class-incremental (one growing head)."""
+
+    TASK_IL = "task-il"
+    CLASS_IL = "class-il"
+
+
 PRETRAIN_MODES = ("first-task", "none")
 # A pretrained backbone: `pretrain: {checkpoint: PATH}`, `{dataset: NAME, ...}` or `{torchvision: WEIGHTS}`;
 # θ0 is the pretrained model and the regime applies from task 1.
@@ -65,12 +83,20 @@ WARNINGS = {
 # A regime is a trainable subspace: a depth (which shared blocks train) and a family (what in
 # those blocks trains). Heads always train. `head` trains no shared block; `full` and the
 # families without a depth prefix act on every shared block.
-REGIME_FAMILIES = ("depth", "bitfit", "norm", "lora")
+class Family(StrEnum):
+    """What a regime trains within its blocks (the order is the sort order of regime names)."""
+
+    DEPTH = "depth"
+    BITFIT = "bitfit"
+    NORM = "norm"
+    LORA = "lora"
+
+
 FAMILY_DESCRIPTIONS = {
-    "depth": "every parameter of the trainable blocks (head, last-k, full)",
-    "bitfit": "the biases of the trainable blocks (BatchNorm's shift included), base weights frozen",
-    "norm": "the affine scale and shift of the normalisation layers of the trainable blocks",
-    "lora": "rank-R adapters (peft LoRA) on every Linear/Conv of the trainable blocks, base frozen",
+    Family.DEPTH: "every parameter of the trainable blocks (head, last-k, full)",
+    Family.BITFIT: "the biases of the trainable blocks (BatchNorm's shift included), base weights frozen",
+    Family.NORM: "the affine scale and shift of the normalisation layers of the trainable blocks",
+    Family.LORA: "rank-R adapters (peft LoRA) on every Linear/Conv of the trainable blocks, base frozen",
 }
 REGIME_GRAMMAR = ("head, full, last-k, bitfit, norm, lora-rR, or last-k:bitfit, last-k:norm, last-k:lora-rR "
                   "(k >= 1 up to the model's depth, R >= 1)")
@@ -86,7 +112,7 @@ class Regime:
 
     name: str
     depth: int | None
-    family: str
+    family: Family
     rank: int | None = None
 
     def blocks(self, n_blocks: int) -> int:
@@ -98,9 +124,9 @@ def parse_regime(name) -> Regime:
     """Parse a regime name of REGIME_GRAMMAR; anything else raises ValueError naming the grammar."""
     text = str(name)
     if text == "head":
-        return Regime(text, 0, "depth")
+        return Regime(text, 0, Family.DEPTH)
     if text == "full":
-        return Regime(text, None, "depth")
+        return Regime(text, None, Family.DEPTH)
     prefix, sep, rest = text.partition(":")
     depth_match = _LAST_K.match(prefix)
     if sep:
@@ -109,17 +135,17 @@ def parse_regime(name) -> Regime:
         family = _family_part(rest, text)
         return Regime(text, int(depth_match.group(1)), family[0], family[1])
     if depth_match:
-        return Regime(text, int(depth_match.group(1)), "depth")
+        return Regime(text, int(depth_match.group(1)), Family.DEPTH)
     family, rank = _family_part(text, text)
     return Regime(text, None, family, rank)
 
 
-def _family_part(part: str, whole: str) -> tuple[str, int | None]:
-    if part in ("bitfit", "norm"):
-        return part, None
+def _family_part(part: str, whole: str) -> tuple[Family, int | None]:
+    if part in (Family.BITFIT, Family.NORM):
+        return Family(part), None
     match = _LORA.match(part)
     if match and int(match.group(1)) <= MAX_LORA_RANK:
-        return "lora", int(match.group(1))
+        return Family.LORA, int(match.group(1))
     raise ValueError(f"unknown regime {whole!r}; allowed: {REGIME_GRAMMAR}")
 
 
@@ -132,7 +158,7 @@ def is_regime_name(name) -> bool:
     return True
 
 
-def regime_family(name: str) -> str:
+def regime_family(name: str) -> Family:
     """The regime's family: depth, bitfit, norm or lora."""
     return parse_regime(name).family
 
@@ -154,12 +180,12 @@ def regime_sort_key(name: str) -> tuple:
         r = parse_regime(name)
     except ValueError:
         return (9, 0, 0, 0, str(name))
-    family = REGIME_FAMILIES.index(r.family)
+    family = tuple(Family).index(r.family)
     if r.depth == 0:
         return (0, 0, 0, 0, name)
     if r.depth is None:
-        return (3, 0, 0, 0, name) if r.family == "depth" else (1, 0, family, r.rank or 0, name)
-    return (2, r.depth, 1 if r.family == "depth" else 0, family * 10**6 + (r.rank or 0), name)
+        return (3, 0, 0, 0, name) if r.family == Family.DEPTH else (1, 0, family, r.rank or 0, name)
+    return (2, r.depth, 1 if r.family == Family.DEPTH else 0, family * 10**6 + (r.rank or 0), name)
 
 
 # -- backbones ----------------------------------------------------------------------------
@@ -204,9 +230,9 @@ def regime_problem(regime: str, model: str, dataset: str | None = None) -> str |
     if k > n:
         return f"{regime!r} is deeper than {on} ({n} blocks); allowed: head, last-1..last-{n}, full (k up to {n})"
     blocks = facts.blocks[n - k:] if k else ()
-    needed = {"norm": facts.norm_blocks, "bitfit": facts.bias_blocks}.get(r.family)
+    needed = {Family.NORM: facts.norm_blocks, Family.BITFIT: facts.bias_blocks}.get(r.family)
     if needed is not None and not set(blocks) & set(needed):
-        what = "normalisation layers" if r.family == "norm" else "bias terms"
+        what = "normalisation layers" if r.family == Family.NORM else "bias terms"
         return (f"{regime!r} trains nothing on {on}: its blocks {', '.join(blocks) or '(none)'} have no "
                 f"{what}; allowed: a regime whose blocks have some ({', '.join(needed) or 'none on this model'})")
     return None

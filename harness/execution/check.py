@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config.vocabulary import Scenario, Status
+
 CONTRACT_REGIMES = ("head", "full")
 N_TASKS, CLASSES_PER_TASK = 2, 2
 README = "submissions/README.md"
@@ -131,7 +133,7 @@ def check_adapter(adapter, method_files=(), regimes=CONTRACT_REGIMES, device: st
         where = f"{adapter.name}, {regime}" if label else regime
         spec = contract_spec(adapter.name, adapter.defaults, regime)
         first, probe = _run(spec, method_files, device)
-        if first.status != "ok":
+        if first.status != Status.OK:
             findings.append(failure_finding(first, where, method_files))
             break  # later regimes would repeat the same failure
         f, p = _inspect(first, probe, spec, where, method_files, device)
@@ -212,7 +214,7 @@ def determinism_problem(first, probe1, second, probe2) -> str:
     """'' when both runs agree exactly, else what differs."""
     import torch
 
-    if second.status != "ok":
+    if second.status != Status.OK:
         return f"the second run failed ({second.error})"
     if first.acc_matrix != second.acc_matrix:
         return f"accuracy matrices {first.acc_matrix} vs {second.acc_matrix}"
@@ -229,7 +231,7 @@ def failure_finding(record, where: str, method_files=()) -> Finding:
     """The finding for a run that did not finish with status ok."""
     error = record.error or record.status
     trace = (record.diagnostics or {}).get("traceback", "")
-    if record.status == "diverged":
+    if record.status == Status.DIVERGED:
         return Finding("diverged", error, "the loss became NaN/inf on a tiny, easy stream: check the terms "
                        "your method adds to the loss (scale, divisions by zero, log of 0)", where)
     for key, check_id, fix in ENGINE_FAILURES:
@@ -270,7 +272,7 @@ def contract_spec(method: str, hparams: dict, regime: str, seed: int = 0, epochs
     return RunSpec(protocol="contract", protocol_version="1",
                    dataset=DatasetSpec(synthetic_dataset(), N_TASKS, CLASSES_PER_TASK, "small-cnn"),
                    regime=regime, method=method, label="", hparams=dict(hparams), order=0,
-                   class_order=tuple(range(N_TASKS * CLASSES_PER_TASK)), seed=seed, scenario="task-il",
+                   class_order=tuple(range(N_TASKS * CLASSES_PER_TASK)), seed=seed, scenario=Scenario.TASK_IL,
                    pretrain="first-task", training=TrainingSpec(lr=0.05, momentum=0.9, epochs=epochs, batch_size=32),
                    eval_batch_size=256)
 

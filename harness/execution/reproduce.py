@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.specs import RunRecord
+from ..config.vocabulary import Status
 from .plan import SweepError
 from .store import discover_protocol_dirs, read_record, write_record
 
@@ -165,5 +166,5 @@ def describe(rep: Reproduction) -> list[str]:
                            for k in ("acc", "forgetting") if rep.record.metrics.get(k) != rep.rerun.metrics.get(k))
         status = "" if rep.record.status == rep.rerun.status else f"status {rep.record.status} -> {rep.rerun.status}; "
         lines.append(f"NOT reproduced: {status}{detail or 'differences in ' + ', '.join(rep.differences)}"
-                     + (f" (error: {rep.rerun.error})" if rep.rerun.error and rep.rerun.status != "ok" else ""))
+                     + (f" (error: {rep.rerun.error})" if rep.rerun.error and rep.rerun.status != Status.OK else ""))
     return lines

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config.metrics import all_metrics, step_forgetting
 from ..config.specs import SCHEMA_VERSION, RunRecord, run_id_of
 from ..config.text import terminal_safe
-from ..config.vocabulary import STATUSES
+from ..config.vocabulary import Scenario, Status
 from ..run.checks import run_warnings
-from ..config.metrics import all_metrics, step_forgetting
 
 RECORD_KEYS = frozenset(f.name for f in fields(RunRecord))
 TMP_MARK = ".tmp-"
@@ -75,8 +75,8 @@ def validate_record(data, expected_run_id: str | None = None, protocol: str | No
     if keys != RECORD_KEYS:
         missing, extra = sorted(RECORD_KEYS - keys), sorted(keys - RECORD_KEYS)
         return Problem("corrupt", f"keys differ from the schema (missing {missing}, unexpected {extra})")
-    if data["status"] not in STATUSES:
-        return Problem("corrupt", f"status {data['status']!r} is not one of {', '.join(STATUSES)}")
+    if data["status"] not in tuple(Status):
+        return Problem("corrupt", f"status {data['status']!r} is not one of {', '.join(Status)}")
     if not isinstance(data["spec"], dict) or run_id_of(data["spec"]) != data["run_id"]:
         return Problem("corrupt", "its spec does not hash to its run_id (edited or foreign record)")
     if expected_run_id is not None and data["run_id"] != expected_run_id:
@@ -167,7 +167,7 @@ def _metrics_problem(got: dict, expected: dict, name: str, source: str) -> Probl
 def _task_aware_problem(record: RunRecord) -> Problem | None:
     """Task-IL: no task-aware fields. Class-IL: a matrix shaped like acc_matrix, never below it, and its metrics."""
     values = [getattr(record, k) for k in TASK_AWARE]
-    if record.spec.scenario == "task-il":
+    if record.spec.scenario == Scenario.TASK_IL:
         return None if all(v is None for v in values) else Problem(
             "corrupt", "a task-IL record with task-aware fields (its acc_matrix is the task-aware one)")
     R, b, metrics = values

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.specs import Protocol
+from ..config.vocabulary import Status
 from .executors import RunOptions, make_executor
 from .plan import Plan, SweepError
 from .store import protocol_dir, runs_dir, write_record
@@ -276,7 +277,7 @@ def _write(folder: Path, record, n_saved: int) -> Path:
 
 
 def _postfix(statuses: dict) -> str:
-    bad = {k: v for k, v in statuses.items() if k != "ok"}
+    bad = {k: v for k, v in statuses.items() if k != Status.OK}
     return ", ".join(f"{k} {v}" for k, v in bad.items())
 
 

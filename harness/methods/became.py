@@ -26,6 +26,7 @@ from avalanche.training.templates import SupervisedTemplate
 
 from ._gpm_math import closed_form_alpha, diag_fisher, merge_tensors
 from ..api.contract import BATCH_GENERATOR_ATTRIBUTE, MethodAdapter
+from ..config.vocabulary import Family
 from .gpm import (GPM_DEFAULTS, GPM_REGIME_NOTE, GPMMemory, apply_batchnorm_policy, check_batchnorm_policy, check_gpm_hparams,
                   dataset_batches, sample_indices)
 
@@ -269,5 +270,5 @@ ADAPTERS = (
                       "alpha_closed_form_shared": "closed-form α over the shared blocks only (heads excluded)",
                       "stage_epochs": "epochs of the GPM stage and of the free stage",
                       "gpm_memory_dims": "GPM memory dimension per layer after each task"},
-                  regime_families=("depth",), regime_note=GPM_REGIME_NOTE),
+                  regime_families=(Family.DEPTH,), regime_note=GPM_REGIME_NOTE),
 )

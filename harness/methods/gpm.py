@@ -25,6 +25,7 @@ from avalanche.core import SupervisedPlugin
 
 from ._batchnorm import batchnorm_layers
 from ..api.contract import MethodAdapter, dataset_tensors
+from ..config.vocabulary import Family
 from ._gpm_math import (PROJECTED_TYPES, energy_threshold, layer_input_matrix, project_gradient_,
                         update_basis_from_gram)
 
@@ -217,5 +218,5 @@ ADAPTERS = (
                   "Saha, Garg & Roy, ICLR 2021", family="gpm", prefix_cache=True,
                   version="2",  # 2: BatchNorm policy, batch statistics in projected blocks by default
                   captions={"gpm_memory_dims": "GPM memory dimension per layer after each task"},
-                  regime_families=("depth",), regime_note=GPM_REGIME_NOTE),
+                  regime_families=(Family.DEPTH,), regime_note=GPM_REGIME_NOTE),
 )

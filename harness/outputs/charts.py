@@ -11,6 +11,7 @@ import math
 import pandas as pd
 
 from ..analysis.frame import family_of
+from ..config.vocabulary import Status
 
 # One colour per regime, light (small trainable subspace) to dark (large): size reads as intensity.
 REGIME_COLOURS = ("#f4a259", "#e76f51", "#b5446e", "#6a4c93", "#1d3557", "#0b132b")
@@ -319,7 +320,7 @@ def cliques(sorted_ranks: list[float], cd) -> list[tuple[int, int]]:
 
 def scatter(runs: pd.DataFrame, nf: pd.DataFrame, regs) -> list[dict]:
     """Per regime: (mean update norm, forgetting) of ok runs (at most 600 drawn) and the correlation row."""
-    ok_runs = runs[(runs["status"] == "ok")].dropna(subset=["mean_update_norm", "forgetting"])
+    ok_runs = runs[(runs["status"] == Status.OK)].dropna(subset=["mean_update_norm", "forgetting"])
     panels = []
     for r in regs:
         sub = ok_runs[ok_runs["regime"] == r]

@@ -26,6 +26,7 @@ from ..analysis.families import regime_table  # noqa: E402
 from ..analysis.frame import percent_scale, regime_order  # noqa: E402
 from ..config.metrics import METRICS  # noqa: E402
 from ..config.text import terminal_safe  # noqa: E402
+from ..config.vocabulary import Status  # noqa: E402
 from .charts import spread, tick_percent  # noqa: E402
 from .formatting import p_eq  # noqa: E402
 from .site import slug  # noqa: E402  (file names: readable prefix + hash, safe for any label)
@@ -237,7 +238,7 @@ def tau_heatmap(tables: dict, ds) -> Figure | None:
 def norm_forgetting(tables: dict, ds) -> Figure | None:
     """Per regime, one point per ok run: mean update norm against forgetting, coloured by method."""
     runs = tables["runs"]
-    sub = runs[(runs["dataset"] == ds) & (runs["status"] == "ok")].dropna(subset=["mean_update_norm", "forgetting"])
+    sub = runs[(runs["dataset"] == ds) & (runs["status"] == Status.OK)].dropna(subset=["mean_update_norm", "forgetting"])
     if sub.empty:
         return None
     scale = percent_scale(runs)

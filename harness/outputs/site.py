@@ -21,7 +21,7 @@ from ..config.paths import REPOSITORY
 from ..config.metrics import METRICS
 from ..config.specs import RunRecord
 from ..config.text import spreadsheet_safe
-from ..config.vocabulary import FAMILY_DESCRIPTIONS, WARNINGS, pretrain_label
+from ..config.vocabulary import FAMILY_DESCRIPTIONS, WARNINGS, Status, pretrain_label
 from ..execution.reproduce import reproduce_command
 from . import charts
 from .charts import METHOD_COLOURS, REGIME_COLOURS, ok as _ok, records_of as _records_of
@@ -333,7 +333,7 @@ def _overview(w: _Writer, t: dict, records) -> Path:
         "unranked": [r for r in w.base["regimes"] if r not in set(gr["regime"])],
         "global": {rg: _records_of(sub) for rg, sub in gr.groupby("regime", sort=False)},
         "global_chart": charts.rank_whiskers(gr, w.base["regimes"]),
-        "failed": _records_of(frame[frame["status"] != "ok"][["run_id", "dataset", "regime", "method", "order", "seed", "status", "error"]]),
+        "failed": _records_of(frame[frame["status"] != Status.OK][["run_id", "dataset", "regime", "method", "order", "seed", "status", "error"]]),
         "w_regimes": _records_of(t["w_regimes"]),
         "downloads": downloads,
     }
@@ -347,7 +347,7 @@ def _setup(records, frame: pd.DataFrame) -> dict:
     def values(get) -> list:
         return sorted({_text(get(s)) for s in specs}, key=str)
 
-    ok_steps = frame.loc[frame["status"] == "ok", "optimizer_steps"].dropna() if "optimizer_steps" in frame else []
+    ok_steps = frame.loc[frame["status"] == Status.OK, "optimizer_steps"].dropna() if "optimizer_steps" in frame else []
     # A pretrained backbone is a mapping ({dataset: ..} or {checkpoint: .., sha256: ..}): shown by its label.
     return {"scenario": values(lambda s: s.scenario), "pretrain": values(lambda s: pretrain_label(s.pretrain)),
             "epochs": values(lambda s: s.training.epochs), "batch_size": values(lambda s: s.training.batch_size),

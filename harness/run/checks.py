@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from ..config.vocabulary import WARNINGS
+from ..config.vocabulary import WARNINGS, Scenario
 
 CHANCE_MARGIN = 0.05
 CHANCE_SIGMAS = 3.0
@@ -31,9 +31,9 @@ LOSS_FELL = 0.95
 LOSS_LEARNED = 0.5
 
 
-def head_outputs(scenario: str, n_tasks: int, classes_per_task: int) -> int:
+def head_outputs(scenario: Scenario, n_tasks: int, classes_per_task: int) -> int:
     """How many classes the answering head chooses among."""
-    return classes_per_task if scenario == "task-il" else n_tasks * classes_per_task
+    return classes_per_task if scenario == Scenario.TASK_IL else n_tasks * classes_per_task
 
 
 def chance_threshold(chance: float, n_test: int) -> float:
@@ -55,14 +55,14 @@ def _warning(code: str, task: int, detail: str) -> dict:
     return {"code": code, "task": task, "message": f"task {task + 1}: {WARNINGS[code]} ({detail})"}
 
 
-def task_warnings(t: int, learned: float, checks: dict, scenario: str) -> list[dict]:
+def task_warnings(t: int, learned: float, checks: dict, scenario: Scenario) -> list[dict]:
     """The warnings of task t (0-based) given its accuracy right after training it."""
     out = []
     chance, n_test = checks["chance"], checks["n_test"][t]
     if learned <= chance_threshold(chance, n_test):
         out.append(_warning("chance", t, f"{learned:.3f} with chance {chance:.3f} on {n_test} test samples"))
     probe = _at(checks.get("probe_acc"), t)
-    if scenario == "task-il" and probe is not None and probe - learned > PROBE_GAP:
+    if scenario == Scenario.TASK_IL and probe is not None and probe - learned > PROBE_GAP:
         out.append(_warning("below-probe", t, f"{learned:.3f} against a probe's {probe:.3f}"))
     first, last = _at(checks.get("loss_first"), t), _at(checks.get("loss_last"), t)
     scale = math.log(1 / chance) if chance > 0 else 0.0
@@ -75,7 +75,7 @@ def _at(values, t):
     return values[t] if values is not None and t < len(values) else None
 
 
-def run_warnings(acc_matrix, checks: dict, scenario: str) -> list[dict]:
+def run_warnings(acc_matrix, checks: dict, scenario: Scenario) -> list[dict]:
     """Every warning of a run, task by task, from its accuracy matrix and its measured checks."""
     if not checks or "chance" not in checks:
         return []

@@ -14,7 +14,7 @@ import torch
 from .. import compat  # noqa: F401
 from ..config.metrics import all_metrics, step_forgetting
 from ..config.specs import RunRecord, RunSpec, failed_record
-from ..config.vocabulary import pretrain_label, regime_depth
+from ..config.vocabulary import Scenario, Status, pretrain_label, regime_depth
 from ..api import contract
 from ..api.contract import MethodContext, make_optimizer
 from ..api.registry import get_registry
@@ -89,14 +89,14 @@ def run_one(spec: RunSpec, *, data_dir: str | None = None, download: bool = Fals
     """
     started = time.perf_counter()
     progress = _Progress()
-    status, error = "ok", None
+    status, error = Status.OK, None
     dev = resolve_device(device)
     try:
         _execute(spec, progress, data_dir, download, dev, method_files, observer)
     except DivergedError as exc:
-        status, error = "diverged", str(exc)
+        status, error = Status.DIVERGED, str(exc)
     except Exception as exc:  # a failing method is a result, not a crash of the sweep
-        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        status, error = Status.FAILED, f"{type(exc).__name__}: {exc}"
         progress.diagnostics["traceback"] = "".join(traceback.format_exc(limit=-6))
     return _record(spec, progress, status, error, time.perf_counter() - started, dev, submission)
 
@@ -176,7 +176,7 @@ def _load_pretrained(model, spec, input_shape, data_dir, download, device, progr
 
 def build_run_model(spec: RunSpec, input_shape):
     """The spec's backbone with its heads (one per task in task-IL, one in class-IL)."""
-    task_il = spec.scenario == "task-il"
+    task_il = spec.scenario == Scenario.TASK_IL
     n_tasks, cpt = spec.dataset.n_tasks, spec.dataset.classes_per_task
     return build_model(spec.dataset.model, input_shape, n_heads=n_tasks if task_il else 1,
                        head_classes=cpt if task_il else n_tasks * cpt)
@@ -260,7 +260,7 @@ def _accuracy_function(device, batch_size: int):
 
 def _evaluator(spec: RunSpec):
     """evaluate(model, tasks, batch_size, device) -> (row, task-aware row; None in task-IL)."""
-    if spec.scenario == "task-il":  # one head per task: the row already is task-aware
+    if spec.scenario == Scenario.TASK_IL:  # one head per task: the row already is task-aware
         plain = eval_function()
         return lambda model, tasks, batch_size, device: (plain(model, tasks, batch_size, device), None)
     # Both class-IL rows come from the same logits; the test-set prefix cache (EvalCache) only
@@ -278,7 +278,7 @@ def _timed_eval(model, tasks, spec, device, progress, evaluate) -> tuple:
 
 def _trained_accuracy(trained, evaluated, task, spec, device, progress) -> float | None:
     """Task-IL accuracy of the trained model on the task it just trained, when it is not the evaluated one."""
-    if evaluated is trained or spec.scenario != "task-il":
+    if evaluated is trained or spec.scenario != Scenario.TASK_IL:
         return None
     t0 = time.perf_counter()
     acc = _accuracy_function(device, spec.eval_batch_size)(trained, task)
@@ -309,8 +309,8 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
             submission: dict | None = None) -> RunRecord:
     T = spec.dataset.n_tasks
     rows = progress.rows
-    if status == "ok" and len(rows) != T:
-        status, error = "failed", f"only {len(rows)} of {T} tasks were evaluated"
+    if status == Status.OK and len(rows) != T:
+        status, error = Status.FAILED, f"only {len(rows)} of {T} tasks were evaluated"
     norms = update_norms(progress.snapshots) if progress.snapshots else {}
     if rows and len(rows) == T:
         norms["step_forgetting"] = step_forgetting(np.asarray(rows))
@@ -324,11 +324,11 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
         regime_depth=regime_depth(spec.regime, n_blocks) if n_blocks is not None else None,
         timings={"total_s": total_s, "train_s": float(sum(progress.per_task_s)), "eval_s": progress.eval_s,
                  "per_task_s": progress.per_task_s})
-    measured.update(_task_aware(spec, progress, status == "ok"))
+    measured.update(_task_aware(spec, progress, status == Status.OK))
     prov = _provenance(device, submission, progress.method)
     if progress.pretrained:
         prov["pretrained"] = dict(progress.pretrained)
-    if status != "ok":
+    if status != Status.OK:
         return failed_record(spec, error, status, prov, **measured)
     return RunRecord(run_id=spec.run_id, status=status, error=error, spec=spec,
                      metrics=all_metrics(rows, progress.init_acc), provenance=prov, **measured)
@@ -336,7 +336,7 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
 
 def _task_aware(spec: RunSpec, progress: _Progress, ok: bool) -> dict:
     """A class-IL run's task-aware matrix, initial row and metrics; None in task-IL (its matrix is one)."""
-    if spec.scenario == "task-il":
+    if spec.scenario == Scenario.TASK_IL:
         return dict(acc_matrix_task_aware=None, init_acc_task_aware=None, metrics_task_aware=None)
     R, b = progress.rows_task_aware, progress.init_task_aware
     return dict(acc_matrix_task_aware=R, init_acc_task_aware=b,

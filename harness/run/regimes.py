@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config.vocabulary import parse_regime, regime_depth
+from ..config.vocabulary import Family, parse_regime, regime_depth
 from ..api.subspace import lora_layers, plain_name
 from .models import CLNet, trainable_block_names
 
@@ -41,7 +41,7 @@ def inject_adapters(model: CLNet, regime: str) -> CLNet:
     any pretrained weights are loaded and before the regime is applied.
     """
     parsed = parse_regime(regime)
-    if parsed.family != "lora" or lora_layers(model):
+    if parsed.family != Family.LORA or lora_layers(model):
         return model
     from peft import LoraConfig, inject_adapter_in_model
 
@@ -68,19 +68,19 @@ def selected_parameters(model: CLNet, regime: str) -> list[str]:
                 full = ".".join(x for x in ("blocks", block, module_name, pname) if x)
                 if _selects(parsed.family, full, pname, module):
                     selected.append(full)
-    if parsed.family != "depth" and not selected:
+    if parsed.family != Family.DEPTH and not selected:
         raise RegimeError(f"regime {regime!r} selects no parameter of blocks {', '.join(blocks)}"
-                          + (" (no LoRA adapters injected)" if parsed.family == "lora" else ""))
+                          + (" (no LoRA adapters injected)" if parsed.family == Family.LORA else ""))
     return selected
 
 
-def _selects(family: str, full: str, pname: str, module) -> bool:
+def _selects(family: Family, full: str, pname: str, module) -> bool:
     adapter = plain_name(full) is None
-    if family == "depth":
+    if family == Family.DEPTH:
         return not adapter  # adapters of a lora model stay frozen (B = 0) while a depth regime trains
-    if family == "lora":
+    if family == Family.LORA:
         return adapter
-    if family == "bitfit":
+    if family == Family.BITFIT:
         return not adapter and pname == "bias"
     return isinstance(module, NORM_LAYERS)
 
@@ -99,7 +99,7 @@ def apply_regime(model: CLNet, regime: str) -> list[str]:
     parametrised = set(trainable_block_names(model))
     model.frozen_blocks = frozenset(n for n in model.block_names if n in parametrised
                                     and not any(p.requires_grad for p in model.blocks[n].parameters()))
-    model.frozen_modules = frozenset() if parse_regime(regime).family == "depth" else _frozen_modules(model)
+    model.frozen_modules = frozenset() if parse_regime(regime).family == Family.DEPTH else _frozen_modules(model)
     model.train(model.training)
     return sorted(trainable_blocks(model, regime), key=model.block_names.index)
 

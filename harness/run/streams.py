@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from ..api.contract import tag_tensors
+from ..config.vocabulary import Scenario
 from .datasets import TensorData
 
 
@@ -23,12 +24,12 @@ class Task:
 
 
 def split_tasks(data: TensorData, order: tuple[int, ...], n_tasks: int, classes_per_task: int,
-                scenario: str = "task-il") -> list[Task]:
+                scenario: Scenario = Scenario.TASK_IL) -> list[Task]:
     """Cut the class order into tasks; labels become task-local (task-IL) or order positions (class-IL)."""
     tasks = []
     for t in range(n_tasks):
         classes = order[t * classes_per_task:(t + 1) * classes_per_task]
-        offset = 0 if scenario == "task-il" else t * classes_per_task
+        offset = 0 if scenario == Scenario.TASK_IL else t * classes_per_task
         tasks.append(Task(t, tuple(classes),
                           *_select(data.x_train, data.y_train, classes, offset),
                           *_select(data.x_test, data.y_test, classes, offset)))

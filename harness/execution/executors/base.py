@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator
 
 from ...config.specs import RunRecord, RunSpec, failed_record
+from ...config.vocabulary import Status
 from ..plan import SweepError
 
 
@@ -143,7 +144,7 @@ def threads_per_run(options: RunOptions, jobs: int) -> int:
     return options.threads or max(1, (os.cpu_count() or 1) // max(1, jobs))
 
 
-def lost_record(spec: RunSpec, error: str, status: str = "failed") -> RunRecord:
+def lost_record(spec: RunSpec, error: str, status: Status = Status.FAILED) -> RunRecord:
     """The record of a run whose worker produced nothing (died, timed out, lost its node)."""
     from ...run.provenance import provenance
 

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from multiprocessing.connection import wait
 
+from ...config.vocabulary import Status
 from .base import (Executor, init_forked_worker, lost_record, run_spec, threads_per_run, worker_context,
                    worker_setup)
 
@@ -154,7 +155,7 @@ class TimeoutExecutor(Executor):
                 raise RuntimeError(f"worker processes die at start-up (exit code {w.proc.exitcode})")
             return None, startup_deaths + 1
         if overdue:
-            return lost_record(spec, self._overdue_message(spec, started), status="timeout"), startup_deaths
+            return lost_record(spec, self._overdue_message(spec, started), status=Status.TIMEOUT), startup_deaths
         deaths[spec.run_id] = deaths.get(spec.run_id, 0) + 1
         if deaths[spec.run_id] > self.max_retries:
             return lost_record(spec, f"worker process died while running this spec "
