@@ -6,9 +6,9 @@ import torch
 import numpy as np
 import pytest
 
-from harness.run.engine import run_one
 from harness.config.metrics import all_metrics
 from harness.config.specs import TrainingSpec
+from harness.run.engine import run_one
 
 from conftest import make_spec
 

@@ -258,10 +258,10 @@ def test_flagged_cells_are_marked_with_their_count(tables):
 
 def write_results(folder: Path, records) -> Path:
     """A results folder of valid records: the fixture's, with metrics, warnings and run ids recomputed."""
+    from harness.config.metrics import all_metrics, step_forgetting
     from harness.config.specs import SCHEMA_VERSION, run_id_of
     from harness.execution.store import runs_dir, write_record
     from harness.run.checks import run_warnings
-    from harness.config.metrics import all_metrics, step_forgetting
 
     for r in records:
         norms = dict(r.update_norms)

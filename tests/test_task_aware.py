@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from harness.analysis.frame import COLUMNS, records_to_frame
+from harness.config.metrics import all_metrics
 from harness.config.specs import SCHEMA_VERSION, DatasetSpec, RunRecord, TrainingSpec, failed_record, spec_hash
 from harness.execution.store import parse_record, read_record, write_record
 from harness.run.datasets import load_dataset
 from harness.run.engine import run_one
 from harness.run.evaluation import evaluate_class_il, task_columns
-from harness.config.metrics import all_metrics
 from harness.run.streams import Task, split_tasks
 
 from conftest import make_spec
