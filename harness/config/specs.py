@@ -5,6 +5,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
+from .pretrain import Pretrain
+
 # 2: run ids cover the method's implementation and the data's content (RunSpec.method_version,
 # RunSpec.data_fingerprint); records of schema 1 are foreign to this harness, never re-keyed.
 # 3: records carry their training budget, learning checks and warnings; the schema version
@@ -12,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 # 4: class-IL records also carry the task-aware (masked) accuracy matrix, its initial row and its
 # metrics (acc_matrix_task_aware, init_acc_task_aware, metrics_task_aware; None in task-IL).
 # 5: regimes beyond depth (bitfit, norm, lora-rR, last-k:...); params carry total_shared, adapters and the
-# trainable fraction; `pretrain` may be a pretrained backbone (a mapping); provenance.pretrained.
+# trainable fraction; `pretrain` may be a pretrained backbone (a mapping: Pretrain.as_json); provenance.pretrained.
 SCHEMA_VERSION = 5
 
 
@@ -67,7 +69,7 @@ class Protocol:
     version: str
     description: str
     scenario: str
-    pretrain: str
+    pretrain: Pretrain  # as parsed: `dataset: same` is resolved per data set when specs are expanded
     datasets: tuple[DatasetSpec, ...]
     regimes: tuple[str, ...]
     methods: tuple[MethodSpec, ...]
@@ -104,15 +106,15 @@ class RunSpec:
     class_order: tuple[int, ...]
     seed: int
     scenario: str
-    pretrain: str | dict  # first-task, none, or a pretrained backbone ({checkpoint|dataset|torchvision: ...})
+    pretrain: Pretrain  # resolved for the spec's data set (no `dataset: same`)
     training: TrainingSpec
     eval_batch_size: int
     method_version: str = ""
     data_fingerprint: str = ""
 
     def to_dict(self) -> dict:
-        """Plain-JSON form (tuples become lists)."""
-        return json.loads(json.dumps(asdict(self)))
+        """Plain-JSON form (tuples become lists, `pretrain` its canonical JSON form)."""
+        return json.loads(json.dumps({**asdict(self), "pretrain": self.pretrain.as_json()}))
 
     @property
     def display(self) -> str:
@@ -126,11 +128,13 @@ class RunSpec:
 
     @staticmethod
     def from_dict(d: dict) -> "RunSpec":
-        """Rebuild a spec from its JSON form (unknown or missing keys raise TypeError)."""
+        """Rebuild a spec from its JSON form (unknown or missing keys raise TypeError or KeyError, a
+        pretrain value that is not canonical ValueError)."""
         d = dict(d)
         d["dataset"] = DatasetSpec(**d["dataset"])
         d["training"] = TrainingSpec(**d["training"])
         d["class_order"] = tuple(d["class_order"])
+        d["pretrain"] = Pretrain.from_json(d["pretrain"])
         return RunSpec(**d)
 
 
