@@ -158,8 +158,9 @@ class RunRecord:
     rows may be fewer than T when the run failed part-way.
     update_norms: {"shared": [None, u_2..u_T], "relative": [...], "per_block": {block: [...]},
                    "drift": float|None, "step_forgetting": [None, f_2..f_T]}.
-    budget: {"optimizer_steps", "samples_seen", "steps_per_task": [...], "epochs_per_stage":
-             [[epochs of each training stage] per task]} (see run/budget.py).
+    budget: {"optimizer_steps", "samples_seen", "steps_per_task": [...], "samples_per_task": [...],
+             "epochs_per_stage": [[epochs of each training stage] per task]} (HarnessPlugin.budget in
+             run/plugins.py).
     checks: what the learning checks measured (chance level, linear-probe accuracy and first/last
             training loss per task; see run/checks.py); warnings: [{"code", "task", "message"}],
             one per failed check; a record with warnings is *flagged*.
@@ -179,8 +180,8 @@ class RunRecord:
     update_norms: dict
     diagnostics: dict
     params: dict
-    regime_depth: int
-    n_blocks: int
+    regime_depth: int | None  # None (as n_blocks) when a run failed before its model was built
+    n_blocks: int | None
     timings: dict
     provenance: dict
     schema_version: int = SCHEMA_VERSION
