@@ -214,7 +214,8 @@ def test_a_spec_hashes_and_serialises_its_pretrain_as_before():
     canon = json.dumps({**as_json, "schema_version": SCHEMA_VERSION}, sort_keys=True, separators=(",", ":"))
     assert spec.run_id == hashlib.sha256(canon.encode()).hexdigest()[:12]
     assert RunSpec.from_dict(json.loads(json.dumps(as_json))) == spec
-    assert make_spec().to_dict()["pretrain"] == "first-task" and make_spec(pretrain="none").to_dict()["pretrain"] == "none"
+    assert make_spec().to_dict()["pretrain"] == "first-task"
+    assert make_spec(pretrain="none").to_dict()["pretrain"] == "none"
 
 
 @pytest.mark.parametrize("form", [

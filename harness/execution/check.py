@@ -272,8 +272,8 @@ def contract_spec(method: str, hparams: dict, regime: str, seed: int = 0, epochs
                    dataset=DatasetSpec(synthetic_dataset(), N_TASKS, CLASSES_PER_TASK, "small-cnn"),
                    regime=regime, method=method, label="", hparams=dict(hparams), order=0,
                    class_order=tuple(range(N_TASKS * CLASSES_PER_TASK)), seed=seed, scenario="task-il",
-                   pretrain=Pretrain(PretrainKind.FIRST_TASK), training=TrainingSpec(lr=0.05, momentum=0.9, epochs=epochs, batch_size=32),
-                   eval_batch_size=256)
+                   pretrain=Pretrain(PretrainKind.FIRST_TASK),
+                   training=TrainingSpec(lr=0.05, momentum=0.9, epochs=epochs, batch_size=32), eval_batch_size=256)
 
 
 _DATA: dict = {}
