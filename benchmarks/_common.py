@@ -20,6 +20,7 @@ from harness.run.evaluation import evaluate_tasks
 from harness.run.fastdata import batch_generator
 from harness.api.registry import get_registry
 from harness.run.regimes import apply_regime
+from harness.config.pretrain import Pretrain
 from harness.config.specs import DatasetSpec, RunSpec, TrainingSpec
 from harness.run.streams import split_tasks
 
@@ -32,7 +33,7 @@ def make_spec(method: str = "naive", dataset: str = "mnist1d", model: str = "mlp
     return RunSpec(protocol="bench", protocol_version="1", dataset=DatasetSpec(dataset, 5, 2, model),
                    regime=regime, method=method, label="", hparams={**defaults, **(hparams or {})},
                    order=0, class_order=tuple(range(10)), seed=seed, scenario="task-il",
-                   pretrain=pretrain, training=TrainingSpec(lr=0.05, momentum=0.9, epochs=epochs,
+                   pretrain=Pretrain(pretrain), training=TrainingSpec(lr=0.05, momentum=0.9, epochs=epochs,
                                                             batch_size=batch_size),
                    eval_batch_size=1024)
 
@@ -54,7 +55,7 @@ def plain_run(spec: RunSpec, extra=None, device: str = "cpu") -> list:
     loss_fn = torch.nn.CrossEntropyLoss()
     rows = [evaluate_tasks(model, tasks, spec.eval_batch_size, device)]
     for t, task in enumerate(tasks):
-        apply_regime(model, "full" if t == 0 and spec.pretrain == "first-task" else spec.regime)
+        apply_regime(model, "full" if t == 0 and spec.pretrain.first_task else spec.regime)
         opt = make_optimizer(spec.training, [p for p in model.parameters() if p.requires_grad])
         model.train()
         x, y = task.x_train.to(device), task.y_train.to(device)

@@ -71,7 +71,7 @@ class Plain:
         self.setup()
         rows = [evaluate_tasks(self.model, self.tasks, spec.eval_batch_size, self.device)]
         for t, task in enumerate(self.tasks):
-            apply_regime(self.model, "full" if t == 0 and spec.pretrain == "first-task" else spec.regime)
+            apply_regime(self.model, "full" if t == 0 and spec.pretrain.first_task else spec.regime)
             self.train_task(t, task)
             self.after_task(t, task)
             rows.append(evaluate_tasks(self.model, self.tasks, spec.eval_batch_size, self.device))

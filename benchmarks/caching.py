@@ -29,6 +29,7 @@ import _common as C  # noqa: E402
 from harness.run import fastdata, speedups  # noqa: E402
 from harness.run.datasets import load_dataset  # noqa: E402
 from harness.run.engine import run_one  # noqa: E402
+from harness.config.pretrain import Pretrain  # noqa: E402
 from harness.config.specs import DatasetSpec  # noqa: E402
 
 
@@ -85,7 +86,7 @@ def main() -> None:
         base = replace(base, dataset=DatasetSpec(name, 5, 2, "small-cnn"))
         for pretrain in ("first-task", "none"):
             for regime in ("head", "last-1"):
-                result, later, equal = compare(replace(base, regime=regime, pretrain=pretrain), args.repeats)
+                result, later, equal = compare(replace(base, regime=regime, pretrain=Pretrain(pretrain)), args.repeats)
                 (cw, cc, _), (uw, uc, _) = result["cached"], result["uncached"]
                 print(f"{regime:<7} pretrain {pretrain:<10}  whole run: uncached {uw:6.2f} s  cached {cw:6.2f} s  "
                       f"speed-up wall {uw / cw:5.2f}x cpu {uc / cc:5.2f}x | tasks 2-5 training: "

@@ -39,6 +39,7 @@ CONFIGS = {  # name -> (backbones, training)
 def _one(job):
     import torch
 
+    from harness.config.pretrain import Pretrain
     from harness.config.specs import DatasetSpec, RunSpec, TrainingSpec
     from harness.execution.plan import class_order
     from harness.run.engine import run_one
@@ -48,7 +49,7 @@ def _one(job):
     models, training = CONFIGS[config]
     spec = RunSpec(protocol="tuning", protocol_version="1", dataset=DatasetSpec(dataset, 5, 2, models[dataset]),
                    regime=regime, method=method, label="", hparams={}, order=order,
-                   class_order=class_order(10, order, 0), seed=0, scenario="task-il", pretrain="first-task",
+                   class_order=class_order(10, order, 0), seed=0, scenario="task-il", pretrain=Pretrain("first-task"),
                    training=TrainingSpec(optimizer="sgd", **training), eval_batch_size=1024)
     t0 = time.perf_counter()
     record = run_one(spec, device="cpu")

@@ -184,7 +184,7 @@ def main() -> None:
               f"(IDX files, torchvision MNIST), {first.dataset.n_tasks} tasks x {first.dataset.classes_per_task} "
               f"classes, {first.dataset.model}, naive, {tr.optimizer} lr {tr.lr} momentum {tr.momentum}, "
               f"{tr.epochs} epochs x batch {tr.batch_size}, eval batch {first.eval_batch_size}, "
-              f"pretrain {first.pretrain}")
+              f"pretrain {first.pretrain.label}")
         print(f"{args.repeats} timed pair(s) per regime, {args.warmup} warm-up, {args.threads} torch thread(s); "
               f"{C.load_avg()}")
         walls = {}

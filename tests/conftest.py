@@ -48,7 +48,9 @@ def no_network(monkeypatch):
 
 
 def make_spec(**overrides):
-    """A small, fast RunSpec on digits (5 tasks x 2 classes, MLP); override any field."""
+    """A small, fast RunSpec on digits (5 tasks x 2 classes, MLP); override any field (`pretrain` may
+    be given in its JSON form: "none", a recipe mapping)."""
+    from harness.config.pretrain import Pretrain
     from harness.config.specs import DatasetSpec, RunSpec, TrainingSpec
 
     fields = dict(protocol="test", protocol_version="1", dataset=DatasetSpec("digits", 5, 2, "mlp"),
@@ -57,6 +59,8 @@ def make_spec(**overrides):
                   training=TrainingSpec(lr=0.05, momentum=0.9, epochs=2, batch_size=32),
                   eval_batch_size=512)
     fields.update(overrides)
+    if not isinstance(fields["pretrain"], Pretrain):
+        fields["pretrain"] = Pretrain.from_json(fields["pretrain"])
     return RunSpec(**fields)
 
 

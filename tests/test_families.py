@@ -17,7 +17,8 @@ from harness.analysis import correlations, families
 from harness.analysis.coverage import Cells, coverage_table
 from harness.analysis.frame import records_to_frame, regime_order
 from harness.analysis.tables import analyse, headline
-from harness.config.vocabulary import FAMILY_DESCRIPTIONS, pretrain_label
+from harness.config.pretrain import Pretrain
+from harness.config.vocabulary import FAMILY_DESCRIPTIONS
 
 # Mean ACC per regime and method (G is "gpm": depth regimes only). Depth regimes agree with each
 # other but for `full`, which swaps A/B and C/G; bitfit and both lora regimes reverse A > B > C.
@@ -33,7 +34,8 @@ GRID = {
 FRACTION = {"head": 0.01, "bitfit": 0.02, "last-2:lora-r4": 0.03, "lora-r4": 0.05, "last-1": 0.2, "full": 1.0}
 TOTAL = 100_000
 ORDERS = 4
-PRETRAIN = {"dataset": "digits", "holdout": 0.25, "epochs": 5}
+PRETRAIN = {"dataset": "digits", "holdout": 0.25, "epochs": 5, "lr": 0.05, "batch_size": 64, "seed": 0}
+PRETRAIN_LABEL = "dataset digits (batch_size 64, epochs 5, holdout 0.25, lr 0.05, seed 0)"
 
 
 def _record(ds: str, regime: str, method: str, order: int, acc: float, **extra):
@@ -344,9 +346,9 @@ def test_slug_of_a_composed_regime_is_file_and_id_safe():
 
 
 def test_pretrain_label_of_a_dict():
-    assert pretrain_label(PRETRAIN) == "dataset digits (epochs 5, holdout 0.25)"
-    assert pretrain_label({"checkpoint": "/abs/p.pt", "sha256": "ab" * 32}) == "checkpoint " + "ab" * 6
-    assert pretrain_label("first-task") == "first-task"
+    assert Pretrain.from_json(PRETRAIN).label == PRETRAIN_LABEL
+    assert Pretrain.from_json({"checkpoint": "/abs/p.pt", "sha256": "ab" * 32}).label == "checkpoint " + "ab" * 6
+    assert Pretrain.from_json("first-task").label == "first-task"
 
 
 def test_report_orders_regimes_by_fraction_and_keeps_colons(tables):
@@ -384,7 +386,7 @@ def test_overview_shows_families_regimes_and_the_pretrain_label(site):
     text = _page(site / "index.html").text
     assert "Do rankings survive a change of subspace family?" in text
     assert "Across families mean τ -0.45 [" in text and "(within families 0.67, 4 regime pairs)" in text
-    assert "Pre-training dataset digits (epochs 5, holdout 0.25)" in text and "{" not in text.split("Pre-training")[1][:40]
+    assert f"Pre-training {PRETRAIN_LABEL}" in text and "{" not in text.split("Pre-training")[1][:40]
     for fam, description in FAMILY_DESCRIPTIONS.items():
         if fam != "norm":  # no norm regime in this protocol
             assert f"{fam} : {description}" in text  # <b>family</b>: description

@@ -18,6 +18,7 @@ from harness.run.models import build_model
 from harness.run.plugins import HarnessPlugin
 from harness.run.regimes import apply_regime, trainable_blocks
 from harness.api.registry import get_registry
+from harness.config.pretrain import Pretrain
 from harness.config.specs import TrainingSpec
 from harness.run.streams import split_tasks, to_avalanche
 
@@ -55,7 +56,7 @@ def drive(method: str, regime: str, hparams=None, *, model="mlp", n_tasks=5, epo
     ctx = MethodContext(model=net, optimizer=make_optimizer(training, (p for p in net.parameters() if p.requires_grad)),
                         criterion=nn.CrossEntropyLoss(), train_mb_size=32, eval_mb_size=256,
                         train_epochs=epochs, device=CPU, plugins=(HarnessPlugin(),), n_tasks=len(tasks),
-                        regime=regime, pretrain=pretrain, scenario="task-il", seed=seed, training=training,
+                        regime=regime, pretrain=Pretrain(pretrain), scenario="task-il", seed=seed, training=training,
                         tasks=tuple(tasks), regime_blocks=tuple(trainable_blocks(net, regime)),
                         accuracy=lambda model, task: evaluate_tasks(model, [task], 256, CPU)[0])
     from harness.run.engine import keep_optimizer_on_trainable

@@ -13,6 +13,7 @@ from harness.run.models import build_model
 from harness.run.plugins import HarnessPlugin
 from harness.run.regimes import apply_regime, trainable_blocks, trained_effective
 from harness.api.registry import get_registry
+from harness.config.pretrain import Pretrain
 from harness.config.specs import TrainingSpec
 from harness.run.streams import Task, to_avalanche
 from avalanche.core import SupervisedPlugin
@@ -182,7 +183,7 @@ def run_steps(method, n_tasks=3, regime="last-2", pretrain="first-task", model="
         model=net, optimizer=make_optimizer(TRAINING, (p for p in net.parameters() if p.requires_grad)),
         criterion=torch.nn.CrossEntropyLoss(), train_mb_size=16, eval_mb_size=64, train_epochs=1,
         device=torch.device("cpu"), plugins=(HarnessPlugin(), probe), n_tasks=n_tasks,
-        regime=regime, pretrain=pretrain, scenario="task-il", seed=0, training=TRAINING,
+        regime=regime, pretrain=Pretrain(pretrain), scenario="task-il", seed=0, training=TRAINING,
         regime_blocks=tuple(trainable_blocks(net, regime)), regime_params=tuple(trained_effective(net, regime)))
     adapter = get_registry()[method]
     strategy = adapter.build(ctx, **{**adapter.defaults, **hparams})

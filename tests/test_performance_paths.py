@@ -15,6 +15,7 @@ from harness.run.fastdata import TensorBatches, batch_generator
 from harness.run.models import build_model
 from harness.run.prefix_cache import frozen_prefix, prefix_features
 from harness.run.regimes import apply_regime
+from harness.config.pretrain import Pretrain
 from harness.config.specs import DatasetSpec, RunSpec, TrainingSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -25,7 +26,7 @@ def make_spec(method="naive", regime="last-1", model="mlp", pretrain="first-task
               hparams=None, seed=0, batch_size=32):
     return RunSpec(protocol="t", protocol_version="1", dataset=DatasetSpec("digits", 5, 2, model),
                    regime=regime, method=method, label="", hparams=hparams or {}, order=0,
-                   class_order=tuple(range(10)), seed=seed, scenario="task-il", pretrain=pretrain,
+                   class_order=tuple(range(10)), seed=seed, scenario="task-il", pretrain=Pretrain(pretrain),
                    training=TrainingSpec(lr=0.05, momentum=0.9, epochs=epochs, batch_size=batch_size),
                    eval_batch_size=512)
 

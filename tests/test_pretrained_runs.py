@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.config.pretrain import parse_pretrain, resolve_for_dataset
+from harness.config.pretrain import parse_pretrain
 from harness.config.specs import DatasetSpec, TrainingSpec
 from harness.api import contract
 from harness.api.subspace import effective_weights
@@ -26,7 +26,7 @@ def private_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("CL_BENCH_CACHE", str(tmp_path / "cache"))
 
 
-def _checkpoint(tmp_path) -> tuple[dict, dict]:
+def _checkpoint(tmp_path) -> tuple:
     """A backbone state the test makes itself, saved as a checkpoint; (its pretrain value, the state)."""
     torch.manual_seed(123)
     net = build_run_model(make_spec(dataset=DIGITS), (1, 8, 8))
@@ -80,8 +80,7 @@ def test_the_stream_loses_the_held_out_samples_and_the_budget_shows_it():
     from harness.run.datasets import load_dataset
     from harness.run.pretrain import holdout_indices
 
-    recipe = resolve_for_dataset(parse_pretrain({"dataset": "same", "holdout": 0.2, "epochs": 1}, "p.yaml", Path(".")),
-                                 "digits")
+    recipe = parse_pretrain({"dataset": "same", "holdout": 0.2, "epochs": 1}, "p.yaml", Path(".")).for_dataset("digits")
     held = set(holdout_indices(load_dataset("digits").y_train, 0.2, 0).tolist())
     y = load_dataset("digits").y_train
     stream_classes = set(range(6))  # class order 0..9: 3 tasks x 2 classes use classes 0..5

@@ -66,6 +66,8 @@ BAD = [
     (("seeds",), [0, -1], "seeds[1]: -1 is too small"),
     (("training", "optimizer"), "lbfgs", "training.optimizer: 'lbfgs' is not allowed; allowed: sgd, adam, adamw"),
     (("training", "lr"), "fast", "training.lr: expected a number"),
+    (("training", "lr"), 10**400, "training.lr: 1" + "0" * 56 + "... is not allowed; allowed: a finite number"),
+    (("pretrain",), {"dataset": "same", "lr": -10**400}, "pretrain.lr: -1" + "0" * 55 + "... is out of range"),
     (("training", "momentum"), 1.5, "training.momentum: 1.5 is out of range"),
     (("training", "epochs"), True, "training.epochs: expected an integer, got True"),
     (("evaluation", "batch_size"), 0, "evaluation.batch_size: 0 is too small"),
@@ -155,7 +157,7 @@ def test_subspace_sweep_mini_design():
 
     p = load_protocol("subspace-sweep-mini", get_registry())
     assert {"head", "bitfit", "lora-r1", "lora-r4", "lora-r16", "last-1", "last-2", "full"} <= set(p.regimes)
-    assert isinstance(p.pretrain, dict) and p.pretrain["dataset"] == "same"
+    assert p.pretrain.is_backbone and p.pretrain.recipe.dataset == "same" and p.pretrain.holdout == 0.15
     everywhere = [m for m in p.methods if all(m.runs_under(r) for r in p.regimes)]
     assert len(everywhere) >= 5
     for m in p.methods:
@@ -177,3 +179,25 @@ def test_protocol_file_round_trip(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text(yaml.safe_dump(GOOD))
     assert load_protocol(str(path), get_registry()).source == str(path)
+
+
+def test_one_validator_serves_the_protocol_and_its_pretrain_value():
+    """The checks, `show` and MAX_SEED are defined once in config (validate.py), and the two DATASET_KEYS
+    of old are two names: a protocol's dataset entry and a pretraining recipe."""
+    import ast
+    from pathlib import Path
+
+    from harness.config import pretrain, protocol, validate
+
+    defined = {}
+    for path in Path(validate.__file__).parent.glob("*.py"):  # the config wing
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else \
+                [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            for name in names:
+                defined.setdefault(name, []).append(path.name)
+    for name in ("show", "_show", "MAX_SEED", "Validator", "_Validator", "_Checker", "DATASET_KEYS"):
+        assert defined.get(name, []) in ([], ["validate.py"]), (name, defined.get(name))
+    assert protocol.DATASET_ENTRY_KEYS == ("name", "n_tasks", "classes_per_task", "model")
+    assert pretrain.RECIPE_KEYS == ("dataset", "holdout", "epochs", "lr", "batch_size", "seed")
+    assert isinstance(protocol._ProtocolValidator("p.yaml", ProtocolError), validate.Validator)

@@ -207,6 +207,7 @@ def test_mas_wrapper_hands_its_hyperparameters_to_avalanche():
     from avalanche.training.plugins import MASPlugin
 
     from harness.api.contract import MethodContext
+    from harness.config.pretrain import Pretrain
     from harness.run.models import build_model
     from harness.run.plugins import HarnessPlugin
 
@@ -214,7 +215,7 @@ def test_mas_wrapper_hands_its_hyperparameters_to_avalanche():
     ctx = MethodContext(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                         criterion=torch.nn.CrossEntropyLoss(), train_mb_size=8, eval_mb_size=8,
                         train_epochs=1, device=torch.device("cpu"), plugins=(HarnessPlugin(),), n_tasks=2,
-                        regime="full", pretrain="first-task", scenario="task-il", seed=0)
+                        regime="full", pretrain=Pretrain("first-task"), scenario="task-il", seed=0)
     strategy = REGISTRY["mas"].build(ctx, lambda_reg=7.0, alpha=0.25)
     (mas,) = [p for p in strategy.plugins if isinstance(p, MASPlugin)]
     assert (mas._lambda, mas.alpha) == (7.0, 0.25)

@@ -10,7 +10,8 @@ import pytest
 from harness.config import vocabulary as v
 
 HARNESS = Path(__file__).resolve().parent.parent / "harness"
-HOMES = {HARNESS / "config" / "vocabulary.py", HARNESS / "config" / "paths.py", HARNESS / "config" / "metrics.py"}
+HOMES = {HARNESS / "config" / "vocabulary.py", HARNESS / "config" / "paths.py", HARNESS / "config" / "metrics.py",
+         HARNESS / "config" / "pretrain.py"}
 # Source patterns that would mean a definition restated outside its home.
 RESTATED = {
     "the metric names": r"""["']acc["'],\s*["']la["'],\s*["']bwt["']|Metric\(["']la["']""",
@@ -19,7 +20,7 @@ RESTATED = {
     "the statuses": r"""["']ok["'],\s*["']failed["'],\s*["']diverged["']|FAILED = ["']failed["']""",
     "the scenarios": r"""["']task-il["'],\s*["']class-il["']|TASK_IL = ["']task-il["']""",
     "the regime families": r"""["']depth["'],\s*["']bitfit["']|BITFIT = ["']bitfit["']""",
-    "the pre-training modes": r"""["']first-task["'],\s*["']none["']""",
+    "the pre-training modes": r"""["']first-task["'],\s*["']none["']|FIRST_TASK = ["']first-task["']""",
     "the regime grammar": r"last-\(|last-\[|\^last",
     "the name pattern": r"A-Za-z0-9\]\[A-Za-z0-9_\.-\]",
     "the entry-point group": r"""["']cl_bench\.methods["']""",

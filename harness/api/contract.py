@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 import torch
 
 from .. import compat  # noqa: F401  (quirks first)
+from ..config.pretrain import Pretrain
 from ..config.specs import TrainingSpec
 from ..config.vocabulary import OPTIMIZERS, Family, Scenario
 
@@ -77,7 +78,7 @@ class MethodContext:
     plugins: tuple
     n_tasks: int
     regime: str
-    pretrain: str
+    pretrain: Pretrain  # .first_task, .is_backbone, .kind, .label (harness.config.pretrain)
     scenario: Scenario
     seed: int
     training: TrainingSpec = field(default_factory=TrainingSpec)

@@ -1,35 +1,54 @@
-"""The `pretrain:` value of a protocol, validated and normalised (torch-free).
+"""The `pretrain:` value of a protocol: one typed `Pretrain`, parsed once, resolved once (torch-free).
 
-Four forms:
+Five kinds (PretrainKind), as a protocol writes them:
 
-- `first-task` or `none` (PRETRAIN_MODES), kept as the string;
-- `{checkpoint: PATH}` -> `{"checkpoint": "<absolute path>", "sha256": "<hex>"}`: PATH is relative
-  to the protocol's folder, and the file's content hash makes the weights part of every run id;
-- `{dataset: NAME | same, ...}` -> the recipe with every default filled in (equal settings, equal
-  run ids): `same` pretrains each data set on a held-out fraction `holdout` of its own training
-  split (removed from its stream); NAME pretrains on another data set's whole training split;
-- `{torchvision: IMAGENET1K_V1}` -> unchanged: torchvision's ImageNet weights (model resnet18).
+- `first-task`: task 1 trains the full network, the regime applies from task 2 (θ0 for merging is the
+  model after task 1);
+- `none`: the regime applies from task 1 to the initial model (θ0 = the initial model);
+- a pretrained backbone (θ0 = that model; the regime applies from task 1, so task 1 has a task vector):
+  - `{checkpoint: PATH}`: PATH relative to the protocol's folder, made absolute; the file's sha256
+    joins the value, so the weights are part of every run id;
+  - `{dataset: NAME | same, ...}`: a DatasetRecipe with every default filled in (equal settings, equal
+    run ids): `same` pretrains each data set on a held-out fraction `holdout` of its own training
+    split (removed from its stream); NAME pretrains on another data set's whole training split;
+  - `{torchvision: IMAGENET1K_V1}`: torchvision's ImageNet weights (model resnet18).
 
-`resolve_for_dataset` turns `same` into the data set's own name when run specs are expanded; a
-resolved `same` recipe is recognised by its `holdout` key (a NAME recipe never has one).
+`parse_pretrain` reads the protocol's value once, at load; `Pretrain.for_dataset` turns `same` into
+the data set's own name once, when run specs are expanded. Everything downstream asks the value
+(`is_backbone`, `first_task`, `recipe`, `holdout`, `label`, `cache_key`). `as_json` is the form run ids
+hash and records carry (the string for first-task and none, the normalised mapping otherwise);
+`from_json` reads it back.
 """
 from __future__ import annotations
 
 import hashlib
-import math
-from dataclasses import asdict, dataclass
+import json
+from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 
 from .errors import UserError
-from .vocabulary import DATASETS, PRETRAIN_MODES, PRETRAIN_SOURCES, pretrain_source
+from .validate import MAX_SEED, Validator, show
+from .vocabulary import DATASETS
 
 
 class PretrainError(UserError, ValueError):
     """A `pretrain:` mistake or an unusable pretrained backbone: one line saying what and why."""
 
 
+class PretrainKind(StrEnum):
+    """What a run's network starts from (see the module docstring)."""
+
+    FIRST_TASK = "first-task"
+    NONE = "none"
+    CHECKPOINT = "checkpoint"
+    DATASET = "dataset"
+    TORCHVISION = "torchvision"
+
+
+MODES = (PretrainKind.FIRST_TASK, PretrainKind.NONE)  # written as a string
+SOURCES = (PretrainKind.CHECKPOINT, PretrainKind.DATASET, PretrainKind.TORCHVISION)  # a mapping's one key
 SAME = "same"
-MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
 # The weights torchvision ships per model; `DEFAULT` is left out: it names different weights
 # in different torchvision versions, so it cannot be part of a run's identity.
 TORCHVISION_WEIGHTS = {"resnet18": ("IMAGENET1K_V1",)}
@@ -38,6 +57,7 @@ CHECKPOINT_KEYS = ("checkpoint",)
 TORCHVISION_KEYS = ("torchvision",)
 FORMS = ("first-task, none, {checkpoint: PATH}, {dataset: NAME or same, holdout, epochs, lr, batch_size, seed} "
          f"or {{torchvision: {' or '.join(TORCHVISION_NAMES)}}}")
+KEY_DIGITS = 32  # hex digits of a dataset-pretrained backbone's cache key
 
 
 @dataclass(frozen=True)
@@ -58,92 +78,190 @@ class DatasetRecipe:
             del d["holdout"]
         return d
 
-    @staticmethod
-    def from_dict(d: dict) -> "DatasetRecipe":
-        """The recipe of a normalised `{dataset: ...}` value."""
-        return DatasetRecipe(**{**d, "holdout": d.get("holdout")})
 
-
-DATASET_KEYS = tuple(k for k in asdict(DatasetRecipe(SAME)))
+RECIPE_KEYS = tuple(asdict(DatasetRecipe(SAME)))
 _DEFAULTS = DatasetRecipe(SAME)
+# The fields each kind carries; every other field of a Pretrain is empty.
+_FIELDS = {PretrainKind.CHECKPOINT: ("checkpoint", "sha256"), PretrainKind.DATASET: ("recipe",),
+           PretrainKind.TORCHVISION: ("weights",)}
 
 
-def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+@dataclass(frozen=True)
+class Pretrain:
+    """A protocol's `pretrain:` value: its kind and that kind's fields (the others stay empty)."""
+
+    kind: PretrainKind
+    checkpoint: str = ""  # checkpoint: the state dict's absolute path
+    sha256: str = ""  # checkpoint: the file's content hash when the protocol was loaded
+    recipe: DatasetRecipe | None = None  # dataset: how the backbone is pretrained
+    weights: str = ""  # torchvision: the weights' name
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", PretrainKind(self.kind))
+        wanted = _FIELDS.get(self.kind, ())
+        for name in ("checkpoint", "sha256", "recipe", "weights"):
+            given = getattr(self, name)
+            if (name in wanted) != (given is not None and given != ""):
+                raise ValueError(f"pretrain {self.kind}: {name} {'missing' if name in wanted else 'not allowed'}")
+        if self.recipe is not None and self.recipe.dataset == SAME and self.recipe.holdout is None:
+            raise ValueError("pretrain dataset: same without holdout")
+
+    @property
+    def is_backbone(self) -> bool:
+        """A pretrained backbone: θ0 is that model and the regime applies from task 1."""
+        return self.kind in SOURCES
+
+    @property
+    def first_task(self) -> bool:
+        """Task 1 trains the full network and the regime applies from task 2 (θ0 = the model after task 1)."""
+        return self.kind is PretrainKind.FIRST_TASK
+
+    @property
+    def holdout(self) -> float | None:
+        """The fraction of the stream's own training split the backbone pretrains on (those samples
+        leave the stream), or None."""
+        return None if self.recipe is None else self.recipe.holdout
+
+    @property
+    def label(self) -> str:
+        """A short display form: `first-task`, `none`, `checkpoint <sha12>`, `dataset digits (...)`."""
+        if self.kind is PretrainKind.CHECKPOINT:
+            return f"checkpoint {self.sha256[:12]}"
+        if self.kind is PretrainKind.DATASET:
+            extra = ", ".join(f"{k} {v}" for k, v in sorted(self.recipe.as_dict().items()) if k != "dataset")
+            return f"dataset {self.recipe.dataset}" + (f" ({extra})" if extra else "")
+        if self.kind is PretrainKind.TORCHVISION:
+            return f"torchvision {self.weights}"
+        return self.kind.value
+
+    def as_json(self) -> str | dict:
+        """The canonical JSON form run ids hash and records carry: first-task and none as strings,
+        a backbone as its normalised mapping."""
+        if self.kind is PretrainKind.CHECKPOINT:
+            return {"checkpoint": self.checkpoint, "sha256": self.sha256}
+        if self.kind is PretrainKind.DATASET:
+            return self.recipe.as_dict()
+        if self.kind is PretrainKind.TORCHVISION:
+            return {"torchvision": self.weights}
+        return self.kind.value
+
+    @staticmethod
+    def from_json(value) -> "Pretrain":
+        """The value whose canonical JSON form is `value` (a record's spec); ValueError for any other."""
+        try:
+            found = _from_json(value)
+        except (TypeError, ValueError):
+            found = None
+        if found is None or found.as_json() != value:
+            raise ValueError(f"pretrain: {show(value)} is not a canonical pretrain value")
+        return found
+
+    def for_dataset(self, name: str) -> "Pretrain":
+        """The value of one data set's runs: `dataset: same` becomes that data set's name."""
+        if self.recipe is not None and self.recipe.dataset == SAME:
+            return replace(self, recipe=replace(self.recipe, dataset=name))
+        return self
+
+    def check_fits(self, model: str, dataset: str, source: str) -> None:
+        """Raise a one-line PretrainError if this value cannot serve `dataset`'s runs on `model`."""
+        v = Validator(source, PretrainError)
+        if self.kind is PretrainKind.TORCHVISION:
+            models = [m for m, names in TORCHVISION_WEIGHTS.items() if self.weights in names]
+            if model not in models:
+                v.fail("pretrain.torchvision", f"{self.weights} weights are for model {' or '.join(models)}, but "
+                                               f"dataset {dataset!r} uses model {model!r}; allowed: model: "
+                                               f"{' or '.join(models)} for that data set, or another pretrain form")
+        if self.kind is PretrainKind.DATASET:
+            self._check_recipe_fits(v, dataset)
+
+    def _check_recipe_fits(self, v: Validator, dataset: str) -> None:
+        name = self.recipe.dataset
+        if self.holdout is not None and name == dataset:  # `same`, resolved for this stream
+            return
+        problem = _dataset_name_problem(name)
+        if problem or name == SAME:
+            v.fail("pretrain.dataset", problem or f"{name!r} is not resolved for a data set; allowed: the value "
+                                                  "Pretrain.for_dataset gives (specs are expanded so)")
+        if self.holdout is not None:  # `same` resolved for another data set
+            v.fail("pretrain.holdout", f"holds out part of {name!r}, not of the stream {dataset!r}; "
+                                       "allowed: holdout only on the stream's own data set (dataset: same)")
+        if name == dataset:
+            v.fail("pretrain.dataset", f"{name!r} is the stream's own data set: its whole training split would "
+                                       "overlap the stream; allowed: same (pretrain on a held-out part) or "
+                                       "another data set")
+
+    def cache_key(self, **context) -> str | None:
+        """The key a backbone is cached and reported under: `checkpoint:<sha256>`,
+        `torchvision:<model>:<weights>`, or for a recipe a hash of it and `context` (everything else
+        that decides the weights: model, data, code, device); None without a backbone."""
+        if self.kind is PretrainKind.CHECKPOINT:
+            return f"checkpoint:{self.sha256}"
+        if self.kind is PretrainKind.TORCHVISION:
+            model = next(m for m, names in TORCHVISION_WEIGHTS.items() if self.weights in names)
+            return f"torchvision:{model}:{self.weights}"
+        if self.kind is PretrainKind.DATASET:
+            canon = json.dumps({"recipe": self.recipe.as_dict(), **context}, sort_keys=True, separators=(",", ":"))
+            return hashlib.sha256(canon.encode()).hexdigest()[:KEY_DIGITS]
+        return None
 
 
-class _Checker:
-    """Errors that read `file: pretrain.<key>: value ...; allowed: ...`, as the protocol's do."""
-
-    def __init__(self, source: str):
-        self.source = source
-
-    def fail(self, key: str, message: str):
-        raise PretrainError(f"{self.source}: {key}: {message}")
-
-    def keys(self, value: dict, allowed: tuple) -> None:
-        for k in value:
-            if k not in allowed:
-                self.fail(f"pretrain.{k}", f"unknown key; allowed: {', '.join(allowed)}")
-
-    def integer(self, value, key: str, minimum: int, maximum: int | None = None) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(key, f"expected an integer, got {_show(value)}")
-        if value < minimum or (maximum is not None and value > maximum):
-            upper = f" and <= {maximum}" if maximum is not None else ""
-            self.fail(key, f"{_show(value)} is out of range; allowed: an integer >= {minimum}{upper}")
-        return value
-
-    def number(self, value, key: str, rule: str, ok) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(key, f"expected a number, got {_show(value)}")
-        if not math.isfinite(value) or not ok(value):
-            self.fail(key, f"{_show(value)} is out of range; allowed: {rule}")
-        return float(value)
-
-
-def parse_pretrain(value, source: str, protocol_dir: Path) -> str | dict:
-    """Validate a protocol's `pretrain:` value and return its normalised form (see the module)."""
-    check = _Checker(source)
+def _from_json(value) -> Pretrain | None:
+    """The Pretrain a JSON form names (checked against its canonical form by the caller), or None."""
     if isinstance(value, str):
-        if value not in PRETRAIN_MODES:
-            check.fail("pretrain", f"{_show(value)} is not allowed; allowed: {FORMS}")
-        return value
+        return Pretrain(value) if value in MODES else None
+    if not isinstance(value, dict) or sum(k in value for k in SOURCES) != 1:
+        return None
+    if "dataset" in value:
+        return Pretrain(PretrainKind.DATASET, recipe=DatasetRecipe(**{**value, "holdout": value.get("holdout")}))
+    if not all(isinstance(v, str) for v in value.values()):
+        return None
+    if "checkpoint" in value:
+        return Pretrain(PretrainKind.CHECKPOINT, checkpoint=value["checkpoint"], sha256=value.get("sha256", ""))
+    return Pretrain(PretrainKind.TORCHVISION, weights=value["torchvision"])
+
+
+def parse_pretrain(value, source: str, protocol_dir: Path) -> Pretrain:
+    """Validate a protocol's `pretrain:` value and return it typed (see the module)."""
+    v = Validator(source, PretrainError)
+    if isinstance(value, str):
+        if value not in MODES:
+            v.fail("pretrain", f"{show(value)} is not allowed; allowed: {FORMS}")
+        return Pretrain(value)
     if not isinstance(value, dict):
-        check.fail("pretrain", f"expected a string or a mapping, got {_show(value)}; allowed: {FORMS}")
-    sources = [k for k in PRETRAIN_SOURCES if k in value]
+        v.fail("pretrain", f"expected a string or a mapping, got {show(value)}; allowed: {FORMS}")
+    sources = [k for k in SOURCES if k in value]
     if not sources:
         if not value:
-            check.fail("pretrain", f"an empty mapping names no backbone; allowed: {FORMS}")
-        check.fail(f"pretrain.{next(iter(value))}", f"unknown key; allowed: one of {', '.join(PRETRAIN_SOURCES)}")
+            v.fail("pretrain", f"an empty mapping names no backbone; allowed: {FORMS}")
+        v.fail(f"pretrain.{next(iter(value))}", f"unknown key; allowed: one of {', '.join(SOURCES)}")
     if len(sources) > 1:
-        check.fail("pretrain", f"names {len(sources)} backbones ({', '.join(sources)}); "
-                               f"allowed: exactly one of {', '.join(PRETRAIN_SOURCES)}")
-    parse = {"checkpoint": _checkpoint, "dataset": _dataset, "torchvision": _torchvision}[sources[0]]
-    return parse(value, check, Path(protocol_dir))
+        v.fail("pretrain", f"names {len(sources)} backbones ({', '.join(sources)}); "
+                           f"allowed: exactly one of {', '.join(SOURCES)}")
+    parse = {PretrainKind.CHECKPOINT: _checkpoint, PretrainKind.DATASET: _dataset,
+             PretrainKind.TORCHVISION: _torchvision}[sources[0]]
+    return parse(value, v, Path(protocol_dir))
 
 
-def _checkpoint(value: dict, check: _Checker, protocol_dir: Path) -> dict:
-    check.keys(value, CHECKPOINT_KEYS)
+def _checkpoint(value: dict, v: Validator, protocol_dir: Path) -> Pretrain:
+    v.mapping(value, "pretrain", CHECKPOINT_KEYS)
     raw = value["checkpoint"]
     if not isinstance(raw, str) or not raw.strip():
-        check.fail("pretrain.checkpoint", f"expected a path, got {_show(raw)}; allowed: a path to a state-dict "
-                                          "file, relative to the protocol's folder")
+        v.fail("pretrain.checkpoint", f"expected a path, got {show(raw)}; allowed: a path to a state-dict "
+                                      "file, relative to the protocol's folder")
     try:
         path = Path(raw).expanduser()
         path = (path if path.is_absolute() else protocol_dir / path).resolve()
         found = path.is_file()
     except (OSError, RuntimeError, ValueError) as exc:  # ~nobody, a NUL byte, a loop of links
-        check.fail("pretrain.checkpoint", f"{_show(raw)} is not a usable path ({exc})")
+        v.fail("pretrain.checkpoint", f"{show(raw)} is not a usable path ({exc})")
     if not found:
-        check.fail("pretrain.checkpoint", f"{_show(raw)}: no such file ({path}); allowed: a path to a state-dict "
-                                          "file (torch.save of model.state_dict()), relative to the protocol's folder")
+        v.fail("pretrain.checkpoint", f"{show(raw)}: no such file ({path}); allowed: a path to a state-dict "
+                                      "file (torch.save of model.state_dict()), relative to the protocol's folder")
     try:
         digest = file_sha256(path)
     except OSError as exc:
-        check.fail("pretrain.checkpoint", f"{_show(raw)}: cannot read {path} ({exc.strerror or exc})")
-    return {"checkpoint": str(path), "sha256": digest}
+        v.fail("pretrain.checkpoint", f"{show(raw)}: cannot read {path} ({exc.strerror or exc})")
+    return Pretrain(PretrainKind.CHECKPOINT, checkpoint=str(path), sha256=digest)
 
 
 def file_sha256(path: Path) -> str:
@@ -155,81 +273,47 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _dataset(value: dict, check: _Checker, _protocol_dir: Path) -> dict:
-    check.keys(value, DATASET_KEYS)
+def _dataset(value: dict, v: Validator, _protocol_dir: Path) -> Pretrain:
+    v.mapping(value, "pretrain", RECIPE_KEYS)
     name = value["dataset"]
-    problem = dataset_name_problem(name)
+    problem = _dataset_name_problem(name)
     if problem:
-        check.fail("pretrain.dataset", problem)
+        v.fail("pretrain.dataset", problem)
     same = name == SAME
     if "holdout" in value and not same:
-        check.fail("pretrain.holdout", f"not allowed with dataset {name!r} (it pretrains on that data set's whole "
-                                       "training split); allowed: holdout only with dataset: same")
+        v.fail("pretrain.holdout", f"not allowed with dataset {name!r} (it pretrains on that data set's whole "
+                                   "training split); allowed: holdout only with dataset: same")
     d = _DEFAULTS
     recipe = DatasetRecipe(
         dataset=name,
-        holdout=check.number(value.get("holdout", d.holdout), "pretrain.holdout", "0 < holdout < 1",
-                             lambda h: 0 < h < 1) if same else None,
-        epochs=check.integer(value.get("epochs", d.epochs), "pretrain.epochs", 1),
-        lr=check.number(value.get("lr", d.lr), "pretrain.lr", "a number > 0", lambda x: x > 0),
-        batch_size=check.integer(value.get("batch_size", d.batch_size), "pretrain.batch_size", 1),
-        seed=check.integer(value.get("seed", d.seed), "pretrain.seed", 0, MAX_SEED))
-    return recipe.as_dict()
+        holdout=v.within(value.get("holdout", d.holdout), "pretrain.holdout", float, "0 < holdout < 1",
+                         lambda h: 0 < h < 1) if same else None,
+        epochs=_count(v, value.get("epochs", d.epochs), "pretrain.epochs", 1),
+        lr=v.within(value.get("lr", d.lr), "pretrain.lr", float, "a number > 0", lambda x: x > 0),
+        batch_size=_count(v, value.get("batch_size", d.batch_size), "pretrain.batch_size", 1),
+        seed=_count(v, value.get("seed", d.seed), "pretrain.seed", 0, MAX_SEED))
+    return Pretrain(PretrainKind.DATASET, recipe=recipe)
 
 
-def dataset_name_problem(name) -> str | None:
+def _count(v: Validator, value, key: str, minimum: int, maximum: int | None = None) -> int:
+    upper = f" and <= {maximum}" if maximum is not None else ""
+    return v.within(value, key, int, f"an integer >= {minimum}{upper}",
+                    lambda n: n >= minimum and (maximum is None or n <= maximum))
+
+
+def _dataset_name_problem(name) -> str | None:
     """Why `name` cannot be a pretraining data set (`same` or a registered, non-npz name), else None."""
     allowed = f"allowed: {SAME} (a held-out part of each data set) or one of {', '.join(DATASETS)}"
     if not isinstance(name, str):
-        return f"expected a data set name, got {_show(name)}; {allowed}"
+        return f"expected a data set name, got {show(name)}; {allowed}"
     if name != SAME and name not in DATASETS:
         return f"unknown dataset {name!r}; {allowed}"
     return None
 
 
-def _torchvision(value: dict, check: _Checker, _protocol_dir: Path) -> dict:
-    check.keys(value, TORCHVISION_KEYS)
+def _torchvision(value: dict, v: Validator, _protocol_dir: Path) -> Pretrain:
+    v.mapping(value, "pretrain", TORCHVISION_KEYS)
     weights = value["torchvision"]
     if weights not in TORCHVISION_NAMES:
-        check.fail("pretrain.torchvision", f"{_show(weights)} is not allowed; allowed: {', '.join(TORCHVISION_NAMES)}")
-    return {"torchvision": weights}
-
-
-def resolve_for_dataset(pretrain, dataset_name: str) -> str | dict:
-    """The `pretrain` of one data set's runs: `dataset: same` becomes that data set's name."""
-    if isinstance(pretrain, dict) and pretrain.get("dataset") == SAME:
-        return {**pretrain, "dataset": dataset_name}
-    return pretrain
-
-
-def is_own_holdout(pretrain, dataset_name: str) -> bool:
-    """True when `pretrain` pretrains on a held-out part of `dataset_name` (a `same` recipe)."""
-    return (isinstance(pretrain, dict) and "holdout" in pretrain
-            and pretrain.get("dataset") in (SAME, dataset_name))
-
-
-def check_pretrain_for_model(pretrain, model_name: str, dataset_name: str, source: str) -> None:
-    """Raise a one-line PretrainError if `pretrain` cannot serve `dataset_name`'s runs on `model_name`."""
-    check = _Checker(source)
-    kind = pretrain_source(pretrain)
-    if kind == "torchvision":
-        models = [m for m, names in TORCHVISION_WEIGHTS.items() if pretrain["torchvision"] in names]
-        if model_name not in models:
-            check.fail("pretrain.torchvision", f"{pretrain['torchvision']} weights are for model "
-                                               f"{' or '.join(models)}, but dataset {dataset_name!r} uses model "
-                                               f"{model_name!r}; allowed: model: {' or '.join(models)} for that "
-                                               "data set, or another pretrain form")
-    if kind == "dataset":
-        name = pretrain["dataset"]
-        if is_own_holdout(pretrain, dataset_name):
-            return
-        problem = dataset_name_problem(name)
-        if problem or name == SAME:  # a `same` recipe lost its holdout: not a parsed value
-            check.fail("pretrain.dataset", problem or f"{name!r} without holdout; allowed: a parsed pretrain value")
-        if "holdout" in pretrain:  # `same` resolved for another data set
-            check.fail("pretrain.holdout", f"holds out part of {name!r}, not of the stream {dataset_name!r}; "
-                                           "allowed: holdout only on the stream's own data set (dataset: same)")
-        if name == dataset_name:
-            check.fail("pretrain.dataset", f"{name!r} is the stream's own data set: its whole training split would "
-                                           "overlap the stream; allowed: same (pretrain on a held-out part) or "
-                                           "another data set")
+        v.fail("pretrain.torchvision", f"{show(weights)} is not allowed; allowed: {', '.join(TORCHVISION_NAMES)}")
+    return Pretrain(PretrainKind.TORCHVISION, weights=weights)

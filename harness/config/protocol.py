@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from pathlib import Path
 
 from .errors import UserError
-from .pretrain import PretrainError, check_pretrain_for_model, parse_pretrain
+from .pretrain import PretrainError, parse_pretrain
 from .paths import protocol_dirs
 from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
+from .validate import MAX_SEED, Validator, show
 from .vocabulary import (DATASET_NAMES, DATASETS, MODELS, NAME_RULE, OPTIMIZERS,
                          NPZ_PREFIX, REGIME_GRAMMAR, USER_DATA_DEFAULT_MODEL, is_dataset_name, is_regime_name,
                          Family, Scenario, is_valid_name, regime_family, regime_problem)
@@ -17,12 +16,11 @@ from .vocabulary import (DATASET_NAMES, DATASETS, MODELS, NAME_RULE, OPTIMIZERS,
 PROTOCOL_KEYS = ("name", "version", "description", "scenario", "pretrain", "datasets", "regimes",
                  "methods", "task_orders", "seeds", "training", "evaluation", "resources")
 REQUIRED_KEYS = ("name", "version", "datasets", "regimes", "methods")
-DATASET_KEYS = ("name", "n_tasks", "classes_per_task", "model")
+DATASET_ENTRY_KEYS = ("name", "n_tasks", "classes_per_task", "model")
 METHOD_KEYS = ("name", "label", "hparams", "regimes")
 ORDER_KEYS = ("count", "seed", "orders")
 TRAINING_KEYS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
 RESOURCE_KEYS = ("num_cpus", "num_gpus")
-MAX_SEED = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
 MAX_ORDERS = 1000
 # YAML aliases share nodes: a 1 KB file can expand to billions ("billion laughs"). A protocol
 # has a few hundred nodes; refuse to build more than this many.
@@ -110,7 +108,7 @@ def _expanded_size(node, memo: dict) -> int:
 
 def parse_protocol(raw, source: str, registry) -> Protocol:
     """Validate an already-parsed YAML mapping (see `load_protocol`)."""
-    v = _Validator(source)
+    v = _ProtocolValidator(source, ProtocolError)
     v.mapping(raw, "(top level)", PROTOCOL_KEYS, REQUIRED_KEYS)
     name = v.name(raw["name"], "name")
     version = v.version(raw["version"])
@@ -121,7 +119,7 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
     try:
         pretrain = parse_pretrain(raw.get("pretrain", "first-task"), source, Path(source).resolve().parent)
         for d in datasets:
-            check_pretrain_for_model(pretrain, d.model, d.name, source)
+            pretrain.for_dataset(d.name).check_fits(d.model, d.name, source)
     except PretrainError as exc:  # one kind of protocol mistake
         raise ProtocolError(str(exc)) from None
     return Protocol(
@@ -135,59 +133,8 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
         resources=v.resources(raw.get("resources", {})), written_names=written)
 
 
-class _Validator:
-    """Type and value checks whose errors all read `file: key: value ...; allowed: ...`."""
-
-    def __init__(self, source: str):
-        self.source = source
-
-    def fail(self, key: str, message: str):
-        raise ProtocolError(f"{self.source}: {key}: {message}")
-
-    def mapping(self, value, key, allowed, required=()):
-        if not isinstance(value, dict):
-            self.fail(key, f"expected a mapping, got {_show(value)}")
-        for k in value:
-            if k not in allowed:
-                self.fail(f"{key}.{k}" if key != "(top level)" else str(k),
-                          f"unknown key; allowed: {', '.join(allowed)}")
-        for k in required:
-            if k not in value:
-                self.fail(f"{key}.{k}" if key != "(top level)" else k, "missing required key")
-
-    def integer(self, value, key, minimum=None, maximum=None):
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(key, f"expected an integer, got {_show(value)}")
-        if minimum is not None and value < minimum:
-            self.fail(key, f"{_show(value)} is too small; allowed: an integer >= {minimum}")
-        if maximum is not None and value > maximum:
-            self.fail(key, f"{_show(value)} is too large; allowed: an integer <= {maximum}")
-        return value
-
-    def number(self, value, key, minimum=None, below=None):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(key, f"expected a number, got {_show(value)}")
-        if not math.isfinite(value):
-            self.fail(key, f"{value} is not allowed; allowed: a finite number")
-        if minimum is not None and value < minimum:
-            self.fail(key, f"{value} is out of range; allowed: >= {minimum}")
-        if below is not None and value >= below:
-            self.fail(key, f"{value} is out of range; allowed: < {below}")
-        return float(value)
-
-    def string(self, value, key):
-        if not isinstance(value, str):
-            self.fail(key, f"expected a string, got {_show(value)}")
-        return value
-
-    def plain(self, value, key):
-        """A JSON value (it is hashed into the run id): no dates, bytes, sets or NaN."""
-        try:
-            json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError):
-            self.fail(key, f"{_show(value)} is not allowed; allowed: numbers, strings, booleans, "
-                           "null and lists/mappings of them")
-        return value
+class _ProtocolValidator(Validator):
+    """The protocol's sections, checked with the shared Validator's type and value checks."""
 
     def hparam(self, value, key, adapter, name):
         """A hyperparameter of one of the JSON types its default (or the adapter) allows."""
@@ -200,29 +147,13 @@ class _Validator:
             return float(value)  # 1 and 1.0 are one setting, with one run id
         if any(_is_kind(value, k) for k in kinds):
             return value
-        self.fail(key, f"{_show(value)} is not allowed; allowed: {' or '.join(_KIND_NAMES[k] for k in kinds)} "
-                       f"(the default is {_show(default)})")
-
-    def choice(self, value, key, allowed):
-        if value not in allowed:
-            self.fail(key, f"{_show(value)} is not allowed; allowed: {', '.join(allowed)}")
-        return value
-
-    def name(self, value, key):
-        value = self.string(value, key)
-        if not is_valid_name(value):
-            self.fail(key, f"{_show(value)} is not a valid name; allowed: {NAME_RULE}")
-        return value
+        self.fail(key, f"{show(value)} is not allowed; allowed: {' or '.join(_KIND_NAMES[k] for k in kinds)} "
+                       f"(the default is {show(default)})")
 
     def version(self, value):
         if isinstance(value, bool) or not isinstance(value, (str, int, float)) or str(value).strip() == "":
-            self.fail("version", f"expected a version string such as \"1\" or \"1.0\", got {_show(value)}")
+            self.fail("version", f"expected a version string such as \"1\" or \"1.0\", got {show(value)}")
         return str(value)
-
-    def nonempty_list(self, value, key):
-        if not isinstance(value, list) or not value:
-            self.fail(key, f"expected a non-empty list, got {_show(value)}")
-        return value
 
     def datasets(self, value):
         out, written = [], {}
@@ -230,7 +161,7 @@ class _Validator:
             key = f"datasets[{i}]"
             if isinstance(entry, str):
                 entry = {"name": entry}
-            self.mapping(entry, key, DATASET_KEYS, ("name",))
+            self.mapping(entry, key, DATASET_ENTRY_KEYS, ("name",))
             name = self.string(entry["name"], f"{key}.name")
             if not is_dataset_name(name):
                 self.fail(f"{key}.name", f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}, npz:PATH")
@@ -265,13 +196,13 @@ class _Validator:
                 path = Path(self.source).resolve().parent / path
             return NPZ_PREFIX + str(path.resolve())
         except (OSError, RuntimeError, ValueError) as exc:  # ~nobody, NUL byte, a loop of links
-            self.fail(key, f"{_show(name)} is not a usable path ({exc}); allowed: npz:PATH to an .npz file")
+            self.fail(key, f"{show(name)} is not a usable path ({exc}); allowed: npz:PATH to an .npz file")
 
     def regimes(self, value, datasets):
         out = []
         for i, regime in enumerate(self.nonempty_list(value, "regimes")):
             if not isinstance(regime, str) or not is_regime_name(regime):
-                self.fail(f"regimes[{i}]", f"unknown regime {_show(regime)}; allowed: {REGIME_GRAMMAR}")
+                self.fail(f"regimes[{i}]", f"unknown regime {show(regime)}; allowed: {REGIME_GRAMMAR}")
             for d in datasets:
                 problem = regime_problem(regime, d.model, d.name)
                 if problem:
@@ -289,7 +220,7 @@ class _Validator:
             listed = self.nonempty_list(listed, f"{key}.regimes")
             for j, r in enumerate(listed):
                 if r not in regimes:
-                    self.fail(f"{key}.regimes[{j}]", f"{_show(r)} is not a regime of this protocol; allowed: "
+                    self.fail(f"{key}.regimes[{j}]", f"{show(r)} is not a regime of this protocol; allowed: "
                                                      f"{', '.join(regimes)}")
         runs_on = tuple(r for r in regimes if listed is None or r in listed)
         families = tuple(getattr(adapter, "regime_families", Family))
@@ -340,11 +271,11 @@ class _Validator:
         for i, order in enumerate(self.nonempty_list(orders, "task_orders.orders")):
             key = f"task_orders.orders[{i}]"
             if not isinstance(order, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in order):
-                self.fail(key, f"expected a list of class indices, got {_show(order)}")
+                self.fail(key, f"expected a list of class indices, got {show(order)}")
             for d in datasets:
                 n = DATASETS[d.name].n_classes if d.name in DATASETS else len(order)
                 if sorted(order) != list(range(n)):
-                    self.fail(key, f"{_show(order)} is not a permutation of 0..{n - 1} (dataset {d.name!r})")
+                    self.fail(key, f"{show(order)} is not a permutation of 0..{n - 1} (dataset {d.name!r})")
             out.append(tuple(order))
         return tuple(out)
 
@@ -394,11 +325,6 @@ def _is_kind(value, kind) -> bool:
     if kind in (int, float) and isinstance(value, bool):
         return False
     return isinstance(value, kind)
-
-
-def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def select(protocol: Protocol, *, datasets=None, methods=None, regimes=None, orders=None) -> Protocol:

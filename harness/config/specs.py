@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from .vocabulary import Scenario, Status
+from .pretrain import Pretrain
 
 # 2: run ids cover the method's implementation and the data's content (RunSpec.method_version,
 # RunSpec.data_fingerprint); records of schema 1 are foreign to this harness, never re-keyed.
@@ -14,7 +15,7 @@ from .vocabulary import Scenario, Status
 # 4: class-IL records also carry the task-aware (masked) accuracy matrix, its initial row and its
 # metrics (acc_matrix_task_aware, init_acc_task_aware, metrics_task_aware; None in task-IL).
 # 5: regimes beyond depth (bitfit, norm, lora-rR, last-k:...); params carry total_shared, adapters and the
-# trainable fraction; `pretrain` may be a pretrained backbone (a mapping); provenance.pretrained.
+# trainable fraction; `pretrain` may be a pretrained backbone (a mapping: Pretrain.as_json); provenance.pretrained.
 SCHEMA_VERSION = 5
 
 
@@ -69,7 +70,7 @@ class Protocol:
     version: str
     description: str
     scenario: Scenario
-    pretrain: str
+    pretrain: Pretrain  # as parsed: `dataset: same` is resolved per data set when specs are expanded
     datasets: tuple[DatasetSpec, ...]
     regimes: tuple[str, ...]
     methods: tuple[MethodSpec, ...]
@@ -106,15 +107,15 @@ class RunSpec:
     class_order: tuple[int, ...]
     seed: int
     scenario: Scenario
-    pretrain: str | dict  # first-task, none, or a pretrained backbone ({checkpoint|dataset|torchvision: ...})
+    pretrain: Pretrain  # resolved for the spec's data set (no `dataset: same`)
     training: TrainingSpec
     eval_batch_size: int
     method_version: str = ""
     data_fingerprint: str = ""
 
     def to_dict(self) -> dict:
-        """Plain-JSON form (tuples become lists)."""
-        return json.loads(json.dumps(asdict(self)))
+        """Plain-JSON form (tuples become lists, `pretrain` its canonical JSON form)."""
+        return json.loads(json.dumps({**asdict(self), "pretrain": self.pretrain.as_json()}))
 
     @property
     def display(self) -> str:
@@ -128,12 +129,14 @@ class RunSpec:
 
     @staticmethod
     def from_dict(d: dict) -> "RunSpec":
-        """Rebuild a spec from its JSON form (unknown or missing keys raise TypeError)."""
+        """Rebuild a spec from its JSON form (unknown or missing keys raise TypeError or KeyError, a
+        pretrain value that is not canonical ValueError)."""
         d = dict(d)
         d["dataset"] = DatasetSpec(**d["dataset"])
         d["training"] = TrainingSpec(**d["training"])
         d["class_order"] = tuple(d["class_order"])
         d["scenario"] = Scenario(d["scenario"])
+        d["pretrain"] = Pretrain.from_json(d["pretrain"])
         return RunSpec(**d)
 
 
@@ -157,8 +160,9 @@ class RunRecord:
     rows may be fewer than T when the run failed part-way.
     update_norms: {"shared": [None, u_2..u_T], "relative": [...], "per_block": {block: [...]},
                    "drift": float|None, "step_forgetting": [None, f_2..f_T]}.
-    budget: {"optimizer_steps", "samples_seen", "steps_per_task": [...], "epochs_per_stage":
-             [[epochs of each training stage] per task]} (see run/budget.py).
+    budget: {"optimizer_steps", "samples_seen", "steps_per_task": [...], "samples_per_task": [...],
+             "epochs_per_stage": [[epochs of each training stage] per task]} (HarnessPlugin.budget in
+             run/plugins.py).
     checks: what the learning checks measured (chance level, linear-probe accuracy and first/last
             training loss per task; see run/checks.py); warnings: [{"code", "task", "message"}],
             one per failed check; a record with warnings is *flagged*.
@@ -178,8 +182,8 @@ class RunRecord:
     update_norms: dict
     diagnostics: dict
     params: dict
-    regime_depth: int
-    n_blocks: int
+    regime_depth: int | None  # None (as n_blocks) when a run failed before its model was built
+    n_blocks: int | None
     timings: dict
     provenance: dict
     schema_version: int = SCHEMA_VERSION

@@ -1,7 +1,7 @@
 """The one vocabulary of cl-bench, defined once and importable without torch.
 
 Every name a protocol, a record, the CLI or the leaderboard uses is defined here: run
-statuses, scenarios and pre-training modes, the regime grammar, the backbones' blocks,
+statuses, scenarios (the `pretrain:` forms: config/pretrain.py), the regime grammar, the backbones' blocks,
 the data sets' facts, optimizers, the name pattern and the entry-point group (the metrics
 have their own table, config/metrics.py). Modules that need one of them import it from here
 rather than restating it.
@@ -30,32 +30,6 @@ class Scenario(StrEnum):
 
     TASK_IL = "task-il"
     CLASS_IL = "class-il"
-
-
-PRETRAIN_MODES = ("first-task", "none")
-# A pretrained backbone: `pretrain: {checkpoint: PATH}`, `{dataset: NAME, ...}` or `{torchvision: WEIGHTS}`;
-# θ0 is the pretrained model and the regime applies from task 1.
-PRETRAIN_SOURCES = ("checkpoint", "dataset", "torchvision")
-
-
-def pretrain_source(pretrain) -> str:
-    """`first-task`, `none`, or which kind of pretrained backbone (a PRETRAIN_SOURCES key)."""
-    if isinstance(pretrain, dict):
-        return next((k for k in PRETRAIN_SOURCES if k in pretrain), "unknown")
-    return str(pretrain)
-
-
-def pretrain_label(pretrain) -> str:
-    """A short display form: `first-task`, `none`, `checkpoint <sha12>`, `dataset digits (...)`."""
-    if not isinstance(pretrain, dict):
-        return str(pretrain)
-    source = pretrain_source(pretrain)
-    if source == "checkpoint":
-        return f"checkpoint {str(pretrain.get('sha256', ''))[:12]}"
-    if source == "dataset":
-        extra = ", ".join(f"{k} {v}" for k, v in sorted(pretrain.items()) if k != "dataset")
-        return f"dataset {pretrain['dataset']}" + (f" ({extra})" if extra else "")
-    return f"{source} {pretrain.get(source, '')}"
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 # Names appear in comma-separated CLI filters, folder and file names and URLs of the site.

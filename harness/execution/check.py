@@ -267,14 +267,15 @@ def _tail(trace: str, lines: int = 6) -> str:
 def contract_spec(method: str, hparams: dict, regime: str, seed: int = 0, epochs: int = 2):
     """The RunSpec of one contract run: synthetic 2x2 stream, small-cnn, 2 epochs (a method that
     trains in stages, as BECAME, splits them)."""
+    from ..config.pretrain import Pretrain, PretrainKind
     from ..config.specs import DatasetSpec, RunSpec, TrainingSpec
 
     return RunSpec(protocol="contract", protocol_version="1",
                    dataset=DatasetSpec(synthetic_dataset(), N_TASKS, CLASSES_PER_TASK, "small-cnn"),
                    regime=regime, method=method, label="", hparams=dict(hparams), order=0,
                    class_order=tuple(range(N_TASKS * CLASSES_PER_TASK)), seed=seed, scenario=Scenario.TASK_IL,
-                   pretrain="first-task", training=TrainingSpec(lr=0.05, momentum=0.9, epochs=epochs, batch_size=32),
-                   eval_batch_size=256)
+                   pretrain=Pretrain(PretrainKind.FIRST_TASK),
+                   training=TrainingSpec(lr=0.05, momentum=0.9, epochs=epochs, batch_size=32), eval_batch_size=256)
 
 
 _DATA: dict = {}

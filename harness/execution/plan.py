@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 
 from ..config.errors import UserError
-from ..config.pretrain import resolve_for_dataset
 from ..config.specs import DatasetSpec, Protocol, RunSpec
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
 from .store import runs_dir, scan_runs
@@ -61,6 +60,7 @@ def expand(protocol: Protocol, fingerprints: dict | None = None) -> tuple[RunSpe
         n_classes = _n_classes(d)
         orders = [o if o is not None else class_order(n_classes, i, protocol.order_seed)
                   for i, o in enumerate(protocol.task_orders)]
+        pretrain = protocol.pretrain.for_dataset(d.name)  # `dataset: same` -> this data set, once
         for regime in protocol.regimes:
             for m in (m for m in protocol.methods if m.runs_under(regime)):
                 for i, order in enumerate(orders):
@@ -69,7 +69,7 @@ def expand(protocol: Protocol, fingerprints: dict | None = None) -> tuple[RunSpe
                             protocol=protocol.name, protocol_version=protocol.version, dataset=d,
                             regime=regime, method=m.name, label=m.label, hparams=dict(m.hparams),
                             order=i, class_order=tuple(order), seed=seed, scenario=protocol.scenario,
-                            pretrain=resolve_for_dataset(protocol.pretrain, d.name), training=protocol.training,
+                            pretrain=pretrain, training=protocol.training,
                             eval_batch_size=protocol.eval_batch_size, method_version=m.version,
                             data_fingerprint=fingerprints.get(d.name) or ""))
     return tuple(specs)

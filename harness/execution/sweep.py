@@ -227,12 +227,13 @@ def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_rec
 
 def _prepare_pretrained(specs, options: RunOptions, log) -> None:
     """Compute each pretrained backbone the runs need once, here, before workers start (cached by content)."""
-    if not any(isinstance(s.pretrain, dict) for s in specs):
+    backbones = [s for s in specs if s.pretrain.is_backbone]
+    if not backbones:
         return
     from ..run.engine import resolve_device
     from ..run.pretrain import prepare_pretrained
 
-    prepare_pretrained([s for s in specs if isinstance(s.pretrain, dict)], data_dir=options.data_dir,
+    prepare_pretrained(backbones, data_dir=options.data_dir,
                        download=options.download, device=str(resolve_device(options.device)), log=log)
 
 

@@ -80,12 +80,13 @@ def _vector_norm(tau: dict) -> float:
 class MergingPlugin(SupervisedPlugin):
     """Keeps θ0 and a running merge; evaluates θ0 + λ·merge, trains on the unmerged model."""
 
-    def __init__(self, merger: rules.RunningMerger, lam: float, names, blocks, pretrain,
+    def __init__(self, merger: rules.RunningMerger, lam: float, names, blocks, first_task: bool,
                  finetune: str = "sequential", rule: str = "", batchnorm: str = "recompute",
                  stats_merger: rules.RunningMerger | None = None, batch_size: int = 256):
         super().__init__()
         self.merger, self.lam, self.names, self.blocks = merger, float(lam), tuple(names), tuple(blocks)
-        self.pretrain, self.finetune, self.rule = pretrain, finetune, rule
+        # first_task (pretrain: first-task): θ0 is the model after task 1, not the one before it
+        self.first_task, self.finetune, self.rule = first_task, finetune, rule
         self.batchnorm, self.stats_merger, self.batch_size = batchnorm, stats_merger, batch_size
         self.theta0: dict | None = None
         self.raw0: dict | None = None  # the trained parameters at θ0 (LoRA: the adapters), for `independent`
@@ -99,7 +100,7 @@ class MergingPlugin(SupervisedPlugin):
 
     def before_training_exp(self, strategy, **kwargs):
         self.model = strategy.model
-        if self.theta0 is None and self.pretrain != "first-task":
+        if self.theta0 is None and not self.first_task:
             self._capture_theta0(strategy.model)
         elif self.theta0 is not None and self.finetune == "independent":
             current = dict(strategy.model.blocks.named_parameters(prefix="blocks"))
@@ -205,7 +206,7 @@ def _strategy(ctx, method: str, make_merger, lam: float, finetune: str, batchnor
     (a second one merges BatchNorm statistics under `batchnorm: merge`)."""
     from avalanche.training.supervised import Naive
 
-    plugin = MergingPlugin(make_merger(), lam, _merged_names(ctx), ctx.regime_blocks, ctx.pretrain,
+    plugin = MergingPlugin(make_merger(), lam, _merged_names(ctx), ctx.regime_blocks, ctx.pretrain.first_task,
                            _check_finetune(method, finetune), rule=method,
                            batchnorm=_check_batchnorm(method, batchnorm), stats_merger=make_merger(),
                            batch_size=ctx.eval_mb_size)

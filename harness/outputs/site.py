@@ -21,7 +21,7 @@ from ..config.paths import REPOSITORY
 from ..config.metrics import METRICS
 from ..config.specs import RunRecord
 from ..config.text import spreadsheet_safe
-from ..config.vocabulary import FAMILY_DESCRIPTIONS, WARNINGS, Status, pretrain_label
+from ..config.vocabulary import FAMILY_DESCRIPTIONS, WARNINGS, Status
 from ..execution.reproduce import reproduce_command
 from . import charts
 from .charts import METHOD_COLOURS, REGIME_COLOURS, ok as _ok, records_of as _records_of
@@ -348,8 +348,7 @@ def _setup(records, frame: pd.DataFrame) -> dict:
         return sorted({_text(get(s)) for s in specs}, key=str)
 
     ok_steps = frame.loc[frame["status"] == Status.OK, "optimizer_steps"].dropna() if "optimizer_steps" in frame else []
-    # A pretrained backbone is a mapping ({dataset: ..} or {checkpoint: .., sha256: ..}): shown by its label.
-    return {"scenario": values(lambda s: s.scenario), "pretrain": values(lambda s: pretrain_label(s.pretrain)),
+    return {"scenario": values(lambda s: s.scenario), "pretrain": values(lambda s: s.pretrain.label),
             "epochs": values(lambda s: s.training.epochs), "batch_size": values(lambda s: s.training.batch_size),
             "optimizer": values(lambda s: s.training.optimizer), "lr": values(lambda s: s.training.lr),
             "momentum": values(lambda s: s.training.momentum),

@@ -14,7 +14,7 @@ import torch
 from .. import compat  # noqa: F401
 from ..config.metrics import all_metrics, step_forgetting
 from ..config.specs import RunRecord, RunSpec, failed_record
-from ..config.vocabulary import Scenario, Status, pretrain_label, regime_depth
+from ..config.vocabulary import Scenario, Status, regime_depth
 from ..api import contract
 from ..api.contract import MethodContext, make_optimizer
 from ..api.registry import get_registry
@@ -105,16 +105,16 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     seed_everything(spec.seed)
     data = load_dataset(spec.dataset.name, data_dir, download)
     _check_data(spec, data_dir, download)
-    if isinstance(spec.pretrain, dict):  # a pretrained backbone; its held-out samples leave the stream
+    if spec.pretrain.holdout is not None:  # the backbone pretrains on part of this stream: those samples leave it
         from .pretrain import stream_data
-        data = stream_data(data, spec.pretrain, spec.dataset.name)
+        data = stream_data(data, spec.pretrain)
     host_tasks = split_tasks(data, spec.class_order, spec.dataset.n_tasks, spec.dataset.classes_per_task,
                              spec.scenario)
     tasks = on_device(host_tasks, device)
     model = _run_model(spec, data.input_shape, data_dir, download, device, progress)
     progress.n_blocks = len(trainable_block_names(model))
     progress.params = parameter_counts(model, spec.regime)
-    first_regime = "full" if spec.pretrain == "first-task" else spec.regime
+    first_regime = "full" if spec.pretrain.first_task else spec.regime
     apply_regime(model, first_regime)
     harness_plugin = progress.plugin = HarnessPlugin()
     progress.n_test = [len(t.y_test) for t in tasks]
@@ -159,19 +159,17 @@ def _check_frozen(model, before: dict, regime: str) -> None:
 def _run_model(spec: RunSpec, input_shape, data_dir, download, device, progress):
     """The run's backbone: built, pretrained weights loaded (if any), LoRA adapters injected (if any)."""
     model = build_run_model(spec, input_shape)
-    if isinstance(spec.pretrain, dict):
+    if spec.pretrain.is_backbone:
         _load_pretrained(model, spec, input_shape, data_dir, download, device, progress)
     return inject_adapters(model, spec.regime).to(device)
 
 
 def _load_pretrained(model, spec, input_shape, data_dir, download, device, progress) -> None:
-    from .pretrain import load_backbone, pretrain_provenance, pretrained_blocks
+    from .pretrain import load_backbone, pretrained_backbone
 
-    state = pretrained_blocks(spec, input_shape, data_dir=data_dir, download=download, device=str(device))
-    if state is not None:
-        load_backbone(model, state, pretrain_label(spec.pretrain))
-        progress.pretrained = pretrain_provenance(spec, input_shape, data_dir=data_dir, download=download,
-                                                  device=str(device))
+    state, weights = pretrained_backbone(spec, input_shape, data_dir=data_dir, download=download, device=str(device))
+    load_backbone(model, state, spec.pretrain.label)
+    progress.pretrained = weights.provenance()
 
 
 def build_run_model(spec: RunSpec, input_shape):

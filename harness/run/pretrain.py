@@ -1,13 +1,15 @@
 """Pretrained backbones: load a checkpoint, pretrain on a data set (cached), or take torchvision's weights.
 
 A pretrained backbone is the state dict of a model's `blocks.*` (never its heads: their number and
-size depend on the protocol). Three sources (config.pretrain):
+size depend on the protocol). `pretrained_backbone` resolves a run's `Pretrain` value once: its
+state and where its weights came from. Three sources (config.pretrain):
 
 - `checkpoint`: a user's file, checked against the hash the protocol was loaded with;
 - `dataset`: the blocks plus ONE temporary linear head over every class of the pretraining data,
   trained with SGD (momentum 0.9) by the recipe, seeded, on the run's device; the head is dropped.
   The result is cached under `cache_dir()/pretrained/<key>.pt`, the key a hash of everything that
-  decides it (`cache_key`), so a sweep computes each backbone once (`prepare_pretrained`);
+  decides it (`Pretrain.cache_key` of the recipe in its `key_context`), so a sweep computes each
+  backbone once (`prepare_pretrained`);
 - `torchvision`: ImageNet weights for model resnet18, read from torch hub's cache, fetched only
   with --download.
 
@@ -19,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import math
 import os
 import threading
@@ -32,9 +33,7 @@ import torch
 from torch import nn
 
 from ..config.paths import cache_dir
-from ..config.pretrain import (DatasetRecipe, PretrainError, check_pretrain_for_model, file_sha256,
-                               is_own_holdout, resolve_for_dataset)
-from ..config.vocabulary import PRETRAIN_MODES, pretrain_label, pretrain_source
+from ..config.pretrain import DatasetRecipe, Pretrain, PretrainError, PretrainKind, file_sha256
 from .datasets import TensorData, dataset_fingerprint, load_dataset
 from .models import build_model
 from .resnet import torchvision_to_blocks
@@ -44,7 +43,6 @@ PRETRAIN_CODE_VERSION = "1"
 # How `same` picks its held-out samples (part of the cache key and of the stream's definition).
 HOLDOUT_RULE = "per-class blake2b(seed:index) rank, first floor(f*n+0.5) (at most n-1)"
 MOMENTUM = 0.9
-KEY_DIGITS = 32
 _SHOW = 3  # keys a mismatch message names before it says "and N more"
 BLOCKS, HEADS = "blocks.", "heads."
 
@@ -64,52 +62,38 @@ class Weights:
 
 
 # -- the public entry points ----------------------------------------------------------------------
-def pretrained_blocks(spec, input_shape, *, data_dir=None, download=False, device="cpu") -> dict | None:
-    """The `blocks.*` state dict of the spec's pretrained backbone, or None for first-task/none."""
-    found = _resolve(spec, input_shape, data_dir, download, device, want_state=True)
-    return None if found is None else found[0]
-
-
-def pretrain_provenance(spec, input_shape, *, data_dir=None, download=False, device="cpu") -> dict:
-    """What a record's provenance says of its backbone: source, cache key, file and sha256 of the weights."""
-    found = _resolve(spec, input_shape, data_dir, download, device, want_state=False)
-    return {"source": pretrain_source(spec.pretrain)} if found is None else found[1].provenance()
+def pretrained_backbone(spec, input_shape, *, data_dir=None, download=False, device="cpu",
+                        log=None) -> tuple[dict, Weights] | None:
+    """The `blocks.*` state dict of the spec's pretrained backbone and where its weights came from
+    (the record's provenance), or None when `spec.pretrain` is no backbone (first-task, none)."""
+    pretrain = spec.pretrain
+    if not pretrain.is_backbone:
+        return None
+    pretrain.check_fits(spec.dataset.model, spec.dataset.name, f"protocol {spec.protocol}")
+    if pretrain.kind is PretrainKind.CHECKPOINT:
+        return _checkpoint(pretrain)
+    if pretrain.kind is PretrainKind.DATASET:
+        return _dataset(spec, tuple(input_shape), data_dir, download, _device(device), log)
+    return _torchvision(pretrain, tuple(input_shape), download, log)
 
 
 def prepare_pretrained(specs, *, data_dir=None, download=False, device="cpu", log=print) -> dict:
     """Compute (or find) every distinct backbone the specs need and check it fits their model, before
-    any run starts; returns {key: {"source", "sha256", "path"}} (key: the cache key for `dataset`,
-    `checkpoint:<sha256>`, `torchvision:resnet18:<weights>`)."""
+    any run starts; returns {cache key: {"source", "sha256", "path"}} (Pretrain.cache_key)."""
     out, seen = {}, set()
     for spec in specs:
-        if pretrain_source(spec.pretrain) in PRETRAIN_MODES:
-            continue
-        ident = json.dumps([spec.pretrain, spec.dataset.model, spec.dataset.name], sort_keys=True)
-        if ident in seen:
+        ident = (spec.pretrain, spec.dataset.model, spec.dataset.name)
+        if not spec.pretrain.is_backbone or ident in seen:
             continue
         seen.add(ident)
         input_shape = load_dataset(spec.dataset.name, data_dir, download).input_shape
-        state, weights = _resolve(spec, input_shape, data_dir, download, device, want_state=True, log=log)
+        state, weights = pretrained_backbone(spec, input_shape, data_dir=data_dir, download=download, device=device,
+                                             log=log)
         # A checkpoint of another model fails here, once, rather than in every run.
         load_backbone(build_model(spec.dataset.model, input_shape, n_heads=1, head_classes=2), state,
-                      pretrain_label(spec.pretrain))
+                      spec.pretrain.label)
         out[weights.key] = {"source": weights.source, "sha256": weights.sha256, "path": weights.path}
     return out
-
-
-def _resolve(spec, input_shape, data_dir, download, device, *, want_state: bool, log=None):
-    """(state dict or None when not wanted and already on disk, Weights), or None without a backbone."""
-    source = pretrain_source(spec.pretrain)
-    if source in PRETRAIN_MODES:
-        return None
-    check_pretrain_for_model(spec.pretrain, spec.dataset.model, spec.dataset.name, f"protocol {spec.protocol}")
-    if source == "checkpoint":
-        return _checkpoint(spec.pretrain, want_state)
-    if source == "dataset":
-        return _dataset(spec, tuple(input_shape), data_dir, download, _device(device), want_state, log)
-    if source == "torchvision":
-        return _torchvision(spec.pretrain["torchvision"], tuple(input_shape), download, want_state, log)
-    raise PretrainError(f"pretrain: {spec.pretrain!r} names no backbone; allowed: checkpoint, dataset, torchvision")
 
 
 def _device(device) -> torch.device:
@@ -184,19 +168,17 @@ def _sha256(path: Path) -> str:
 
 
 # -- checkpoint ------------------------------------------------------------------------------------
-def _checkpoint(pretrain: dict, want_state: bool):
-    path = Path(pretrain["checkpoint"])
+def _checkpoint(pretrain: Pretrain) -> tuple[dict, Weights]:
+    path = Path(pretrain.checkpoint)
     where = f"pretrain.checkpoint {path}"
     if not path.is_file():
         raise PretrainError(f"{where}: no such file; allowed: the file the protocol was loaded with")
     found = _sha256(path)
-    planned = pretrain.get("sha256")
-    if planned and found != planned:
+    if found != pretrain.sha256:
         raise PretrainError(f"{where}: the file changed since the protocol was loaded (sha256 {found[:12]}, planned "
-                            f"{planned[:12]}); load the protocol and plan the sweep again")
-    weights = Weights("checkpoint", f"checkpoint:{found}", str(path), found)
-    state = _blocks_only(read_state_dict(path, where), where) if want_state else None
-    return state, weights
+                            f"{pretrain.sha256[:12]}); load the protocol and plan the sweep again")
+    weights = Weights(pretrain.kind.value, pretrain.cache_key(), str(path), found)
+    return _blocks_only(read_state_dict(path, where), where), weights
 
 
 # -- torchvision -----------------------------------------------------------------------------------
@@ -211,7 +193,8 @@ def _tv_weights(name: str):
     return ResNet18_Weights[name]
 
 
-def _torchvision(name: str, input_shape: tuple, download: bool, want_state: bool, log):
+def _torchvision(pretrain: Pretrain, input_shape: tuple, download: bool, log) -> tuple[dict, Weights]:
+    name = pretrain.weights
     where = f"pretrain.torchvision {name}"
     path = torchvision_weights_file(name)
     if not path.is_file():
@@ -225,9 +208,7 @@ def _torchvision(name: str, input_shape: tuple, download: bool, want_state: bool
         except Exception as exc:  # network, hash, disk: the user can act on the one line
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             raise PretrainError(f"{where}: download failed ({type(exc).__name__}: {first})") from None
-    weights = Weights("torchvision", f"torchvision:resnet18:{name}", str(path), _sha256(path))
-    if not want_state:
-        return None, weights
+    weights = Weights(pretrain.kind.value, pretrain.cache_key(), str(path), _sha256(path))
     return torchvision_to_blocks(read_state_dict(path, where), int(input_shape[0])), weights
 
 
@@ -252,12 +233,12 @@ def _rank(seed: int, index: int) -> bytes:
     return hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
 
 
-def stream_data(data: TensorData, pretrain, dataset_name: str) -> TensorData:
+def stream_data(data: TensorData, pretrain: Pretrain) -> TensorData:
     """The CL stream's data: without the held-out samples when `pretrain` uses them, else `data` itself."""
-    if not is_own_holdout(pretrain, dataset_name):
+    if pretrain.holdout is None:
         return data
     keep = torch.ones(len(data.y_train), dtype=torch.bool)
-    keep[holdout_indices(data.y_train, pretrain["holdout"], pretrain.get("seed", 0))] = False
+    keep[holdout_indices(data.y_train, pretrain.holdout, pretrain.recipe.seed)] = False
     return dataclasses.replace(data, x_train=data.x_train[keep], y_train=data.y_train[keep])
 
 
@@ -277,13 +258,11 @@ def _pretrain_data(recipe: DatasetRecipe, stream: str, input_shape: tuple, data_
 
 
 # -- dataset: the cache ----------------------------------------------------------------------------
-def cache_key(recipe: dict, model: str, input_shape, fingerprint: str, device_type: str) -> str:
-    """Hex key of a pretrained backbone: a hash of everything that decides its weights."""
-    parts = {"recipe": recipe, "model": model, "input_shape": list(input_shape), "data": fingerprint,
-             "holdout_rule": HOLDOUT_RULE if recipe.get("holdout") is not None else None,
-             "code": PRETRAIN_CODE_VERSION, "torch": torch.__version__, "device": device_type}
-    canon = json.dumps(parts, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canon.encode()).hexdigest()[:KEY_DIGITS]
+def key_context(pretrain: Pretrain, model: str, input_shape, fingerprint: str, device_type: str) -> dict:
+    """What decides a dataset-pretrained backbone's weights besides its recipe (Pretrain.cache_key's context)."""
+    return {"model": model, "input_shape": list(input_shape), "data": fingerprint,
+            "holdout_rule": HOLDOUT_RULE if pretrain.holdout is not None else None,
+            "code": PRETRAIN_CODE_VERSION, "torch": torch.__version__, "device": device_type}
 
 
 def pretrained_dir() -> Path:
@@ -291,27 +270,23 @@ def pretrained_dir() -> Path:
     return cache_dir() / "pretrained"
 
 
-def _dataset(spec, input_shape: tuple, data_dir, download, device: torch.device, want_state: bool, log):
-    resolved = resolve_for_dataset(spec.pretrain, spec.dataset.name)
-    recipe = DatasetRecipe.from_dict(resolved)
-    x, y, n_classes, fingerprint = _pretrain_data(recipe, spec.dataset.name, input_shape, data_dir, download)
-    key = cache_key(recipe.as_dict(), spec.dataset.model, input_shape, fingerprint, device.type)
+def _dataset(spec, input_shape: tuple, data_dir, download, device: torch.device, log) -> tuple[dict, Weights]:
+    pretrain = spec.pretrain
+    x, y, n_classes, fingerprint = _pretrain_data(pretrain.recipe, spec.dataset.name, input_shape, data_dir, download)
+    key = pretrain.cache_key(**key_context(pretrain, spec.dataset.model, input_shape, fingerprint, device.type))
     path = pretrained_dir() / f"{key}.pt"
-    if not want_state and path.is_file():
-        return None, Weights("dataset", key, str(path), _sha256(path))
     state = _read_cached(path)
     if state is None:
         with _locked(path):  # concurrent workers: one trains, the others wait and read its file
             state = _read_cached(path)
             if state is None:
                 if log:
-                    log(f"pretrain: training {spec.dataset.model} on {pretrain_label(resolved)} ({len(y)} samples) "
-                        f"-> {path}")
-                state = train_backbone(spec.dataset.model, x, y, n_classes, recipe, device)
+                    log(f"pretrain: training {spec.dataset.model} on {pretrain.label} ({len(y)} samples) -> {path}")
+                state = train_backbone(spec.dataset.model, x, y, n_classes, pretrain.recipe, device)
                 _atomic_save(state, path)
     elif log:
         log(f"pretrain: cached backbone {path}")
-    return state, Weights("dataset", key, str(path), _sha256(path))
+    return state, Weights(pretrain.kind.value, key, str(path), _sha256(path))
 
 
 def _read_cached(path: Path) -> dict | None:
