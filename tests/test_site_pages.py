@@ -116,7 +116,7 @@ def test_grid_has_methods_as_rows_and_regimes_as_columns_in_depth_order(built):
     html = _ds(built).read_text(encoding="utf-8")
     grid = html[html.index('<table class="gridt">'):]
     grid = grid[:grid.index("</table>")]
-    heads = re.findall(r'<span class="tag"[^>]*>([^<]+)</span>', grid[:grid.index("</thead>")])
+    heads = re.findall(r'<span class="tag [^"]*"[^>]*>([^<]+)</span>', grid[:grid.index("</thead>")])
     assert heads == ["head", "last-1", "full"]
     rows = re.findall(r'<tr><td class="l"><a href="method-[^"]+">([^<]+)</a>', grid)
     assert rows == ["A", "B", "C", LONG]

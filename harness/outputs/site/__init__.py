@@ -1,6 +1,6 @@
 """Static HTML leaderboard: analysis tables -> page view-models -> jinja2 templates -> a folder of pages.
 
-Self-contained: CSS, SVG and the one script are inlined, links are relative, so
+Self-contained: CSS, SVG and the one script are inlined (templates.py), links are relative, so
 the site opens from file:// and can be copied anywhere. One module per job: `filters` (text the
 templates print), `templates` (where templates and static files live), `writer` (owns and prunes
 the output folder), and one view-model module per page type (`overview`, `dataset`, `method`,
@@ -19,7 +19,7 @@ from ...config.vocabulary import WARNINGS
 from .. import charts
 from . import dataset, method, overview, run
 from .filters import slug
-from .templates import environment
+from .templates import assets, environment
 from .writer import SiteWriter
 
 __all__ = ["build_site", "site_summary_line", "slug"]  # slug: how a page's file is named after its subject
@@ -53,8 +53,9 @@ def _base(t: AnalysisResult, records: list[RunRecord], **settings) -> dict:
     frame = t.runs
     regimes = regime_order(frame)
     methods = sorted(frame["method"].unique())
+    colours = charts.regime_colours(regimes)
     return {"protocol": _protocol(records), "scale": percent_scale(frame), "regimes": regimes,
-            "regime_colour": charts.regime_colours(regimes), "regime_info": _regime_info(t),
+            "regime_colour": colours, "regime_info": _regime_info(t), "assets": assets(colours),
             "method_colour": {m: charts.METHOD_COLOURS[i % len(charts.METHOD_COLOURS)] for i, m in enumerate(methods)},
             "datasets": sorted(frame["dataset"].unique()), "methods": methods, "flag": FLAG,
             "warning_text": WARNINGS, "scenarios": sorted({r.spec.scenario for r in records}), **settings}
