@@ -4,15 +4,18 @@ Expected numbers are worked out by hand in the comments, or come from an indepen
 (scipy, or a plain loop) where the hand computation would be long.
 """
 import math
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from scipy import stats as sps
 
 from harness.analysis import correlations, ranks, stats
 from harness.analysis.coverage import Cells, coverage_table
 from harness.analysis.frame import format_summary, records_to_frame, regime_order, summary_table
+from harness.analysis.result import AnalysisResult, AnalysisSettings
 from harness.analysis.tables import analyse, headline, metric_table
 from conftest import fixture_records, record_from
 
@@ -273,6 +276,25 @@ def test_depth_trend_and_step_level(records, frame):
     assert sl.at["full", "rho"] == pytest.approx(sps.spearmanr(sub["u"], sub["f"]).statistic)
 
 
+def test_result_holds_every_table_and_the_settings_it_was_computed_with(records):
+    t = analyse(records, rope=2.0, include_flagged=True)
+    assert list(t.tables()) == [f.name for f in fields(AnalysisResult) if f.name != "settings"]
+    assert all(isinstance(df, pd.DataFrame) for df in t.tables().values())
+    # accuracies are stored as fractions: a 2-point ROPE is 0.02 of them
+    assert t.settings == AnalysisSettings(rope_points=2.0, rope=pytest.approx(0.02), credible=0.95, alpha=0.05,
+                                          include_flagged=True)
+
+
+def test_result_cut_to_one_dataset_keeps_its_rows_and_the_pooled_tables(records):
+    t = analyse(records)
+    two = replace(t, methods=pd.concat([t.methods, t.methods.assign(dataset="other")], ignore_index=True),
+                  tau=pd.concat([t.tau, t.tau.assign(dataset="other")], ignore_index=True))
+    toy = two.of_dataset("toy")
+    assert toy.methods.reset_index(drop=True).equals(t.methods) and toy.tau.reset_index(drop=True).equals(t.tau)
+    assert len(two.of_dataset("other").methods) == len(t.methods)
+    assert toy.global_ranks is t.global_ranks and toy.budget is t.budget  # pooled over data sets: whole
+
+
 def test_analyse_bundle_and_headline(records):
     t = analyse(records)
     h = headline(t)
@@ -280,5 +302,5 @@ def test_analyse_bundle_and_headline(records):
     # off-diagonal taus: 2/3, -1, -1/3
     assert h["mean_tau"] == pytest.approx((2 / 3 - 1 - 1 / 3) / 3)
     assert h["shallow_deep"][0]["tau"] == pytest.approx(-1.0)
-    gr = t["global_ranks"]
+    gr = t.global_ranks
     assert set(gr[gr["regime"] == "full"]["method"]) == {"A", "B", "C"}

@@ -19,6 +19,7 @@ from harness.analysis.frame import records_to_frame, regime_order
 from harness.analysis.tables import analyse, headline
 from harness.config.pretrain import Pretrain
 from harness.config.vocabulary import FAMILY_DESCRIPTIONS
+from test_figures import drawn_regime_names
 
 # Mean ACC per regime and method (G is "gpm": depth regimes only). Depth regimes agree with each
 # other but for `full`, which swaps A/B and C/G; bitfit and both lora regimes reverse A > B > C.
@@ -115,7 +116,7 @@ def test_pair_kind_labels_within_and_across():
 
 
 def test_family_tau_lists_each_pair_once_labelled(tables):
-    ft = tables["family_tau"]
+    ft = tables.family_tau
     assert len(ft) == 15  # 6 regimes: 15 unordered pairs
     kinds = {(r.regime_a, r.regime_b): r.kind for r in ft.itertuples()}
     assert kinds[("head", "last-1")] == "within" and kinds[("last-2:lora-r4", "lora-r4")] == "within"
@@ -126,7 +127,7 @@ def test_family_tau_lists_each_pair_once_labelled(tables):
 
 
 def test_tau_uses_the_methods_both_regimes_have(tables):
-    tau = tables["tau"].set_index(["regime_a", "regime_b"])
+    tau = tables.tau.set_index(["regime_a", "regime_b"])
     within = tau.loc[("head", "full")]
     assert within["n_methods"] == 4 and within["tau"] == pytest.approx(1 / 3)  # by hand: 4 of 6 pairs agree
     across = tau.loc[("head", "bitfit")]
@@ -135,7 +136,7 @@ def test_tau_uses_the_methods_both_regimes_have(tables):
 
 
 def test_mean_tau_within_and_across_by_hand(tables):
-    s = tables["families"].set_index(["dataset", "kind"])
+    s = tables.families.set_index(["dataset", "kind"])
     # within: head/last-1 1, head/full 1/3, last-1/full 1/3, lora-r4/last-2:lora-r4 1
     assert s.loc[("toy", "within"), "mean_tau"] == pytest.approx((1 + 1 / 3 + 1 / 3 + 1) / 4)
     # across: 3 depth regimes x 3 others (-1, -1, -1/3 each) and bitfit vs the 2 lora regimes (+1)
@@ -149,13 +150,13 @@ def test_mean_tau_within_and_across_by_hand(tables):
 
 def test_summary_pools_datasets():
     recs = mixed_records(("one", "two"))
-    s = analyse(recs)["families"].set_index(["dataset", "kind"])
+    s = analyse(recs).families.set_index(["dataset", "kind"])
     assert s.loc[("(all)", "across"), "n_pairs"] == 22 and s.loc[("(all)", "within"), "n_pairs"] == 8
     assert s.loc[("(all)", "across"), "credible"] == s.loc[("one", "across"), "credible"] * 2
 
 
 def test_kendall_w_per_family_by_hand(tables):
-    w = tables["family_w"].set_index("family")
+    w = tables.family_w.set_index("family")
     # depth, over A, B, C, gpm: rank sums 4, 5, 10, 11 around 7.5: S = 37, W = 12 S / (m^2 (n^3 - n))
     assert w.at["depth", "w"] == pytest.approx(12 * 37 / (9 * 60))
     assert w.at["depth", "n_methods"] == 4 and w.at["depth", "n_regimes"] == 3
@@ -163,7 +164,7 @@ def test_kendall_w_per_family_by_hand(tables):
     assert "bitfit" not in w.index  # one regime: no W
     # every regime, over the methods common to all (A, B, C): rank sums 13, 11, 12 around 12, S = 2
     assert w.at["(all)", "w"] == pytest.approx(12 * 2 / (36 * 24)) and w.at["(all)", "absent"] == "gpm"
-    assert tables["w_regimes"].iloc[0]["w"] == pytest.approx(w.at["(all)", "w"])
+    assert tables.w_regimes.iloc[0]["w"] == pytest.approx(w.at["(all)", "w"])
 
 
 def test_kendall_w_matches_an_independent_formula():
@@ -175,24 +176,24 @@ def test_kendall_w_matches_an_independent_formula():
 
 
 def test_credible_reversals_split_within_and_across(tables):
-    cred = tables["credible_reversals"]
+    cred = tables.credible_reversals
     per = cred[cred["dataset"] == "toy"]
     assert set(per["kind"]) <= {"within", "across"} and len(per)
-    s = tables["families"].set_index(["dataset", "kind"])
+    s = tables.families.set_index(["dataset", "kind"])
     assert s.loc[("toy", "across"), "credible"] == (per["kind"] == "across").sum() > 0
     assert s.loc[("toy", "within"), "credible"] == (per["kind"] == "within").sum()
     # the within ones are head/last-1 vs full (A/B and C/gpm swap), never inside lora (same order)
     inside = per[per["kind"] == "within"]
     assert set(inside["regime_b"]) <= {"full"} and set(inside["family_a"]) == {"depth"}
-    rev = tables["reversals"]
+    rev = tables.reversals
     assert s.loc[("toy", "across"), "reversals"] == (rev["kind"] == "across").sum()
 
 
 def test_reversals_compare_an_absent_method_where_it_runs(tables):
-    rev = tables["reversals"]
+    rev = tables.reversals
     with_gpm = rev[(rev["method_1"] == "gpm") | (rev["method_2"] == "gpm")]
     assert len(with_gpm) and set(with_gpm["regime_a"]) | set(with_gpm["regime_b"]) <= {"head", "last-1", "full"}
-    summ = tables["reversal_summary"].set_index(["regime_a", "regime_b"])
+    summ = tables.reversal_summary.set_index(["regime_a", "regime_b"])
     assert summ.at[("head", "full"), "n_pairs"] == 6 and summ.at[("head", "bitfit"), "n_pairs"] == 3
     assert (summ["excluded"] == "").all()
 
@@ -230,18 +231,18 @@ def test_a_method_missing_in_one_regime_of_its_family_is_missing(records):
     cov = coverage_table(records_to_frame(recs)).set_index(["regime", "method"])
     assert cov.at[("last-1", "gpm"), "missing"] == ORDERS and not cov.at[("last-1", "gpm"), "complete"]
     t = analyse(recs)
-    w = t["family_w"].set_index("family")
+    w = t.family_w.set_index("family")
     assert w.at["depth", "excluded"] == "gpm" and w.at["depth", "n_methods"] == 3
-    assert t["absent"]["method"].tolist() == ["gpm"]
+    assert t.absent["method"].tolist() == ["gpm"]
 
 
 def test_absent_table_names_families_and_regimes(tables):
-    row = tables["absent"].iloc[0]
+    row = tables.absent.iloc[0]
     assert (row["method"], row["families"], row["regimes"]) == ("gpm", "bitfit, lora", "bitfit, last-2:lora-r4, lora-r4")
 
 
 def test_global_ranks_do_not_call_an_absent_method_excluded(tables):
-    gr = tables["global_ranks"]
+    gr = tables.global_ranks
     assert set(gr.loc[gr["regime"] == "bitfit", "method"]) == {"A", "B", "C"}
     assert (gr["excluded"] == "").all()
 
@@ -249,7 +250,7 @@ def test_global_ranks_do_not_call_an_absent_method_excluded(tables):
 # ------------------------------------------------------------------ correlations per family
 
 def test_norm_vs_forgetting_per_family_matches_scipy(records, tables):
-    nf = tables["norm_forgetting_family"].set_index("family")
+    nf = tables.norm_forgetting_family.set_index("family")
     frame = records_to_frame(records)
     sub = frame[frame["family"] == "lora"]
     rho = sps.spearmanr(sub["mean_update_norm"], sub["forgetting"]).statistic
@@ -260,7 +261,7 @@ def test_norm_vs_forgetting_per_family_matches_scipy(records, tables):
 
 
 def test_regime_table_fraction_and_counts(tables):
-    rt = tables["regimes"].set_index("regime")
+    rt = tables.regimes.set_index("regime")
     assert list(rt.index) == ["head", "bitfit", "last-2:lora-r4", "lora-r4", "last-1", "full"]
     assert rt.at["lora-r4", "family"] == "lora" and rt.at["lora-r4", "trainable"] == 5000
     assert rt.at["lora-r4", "fraction"] == pytest.approx(0.05) and rt.at["full", "total"] == TOTAL
@@ -271,10 +272,10 @@ def test_regime_table_fraction_and_counts(tables):
 def test_fraction_profile_places_regimes_by_log_fraction(tables):
     from harness.outputs import charts
 
-    rows = charts.records_of(tables["depth_profile"])
+    rows = charts.records_of(tables.depth_profile)
     c = charts.fraction_profile(rows, "forgetting", 100.0, {}, "forgetting %")
     x = {p["regime"]: p["x"] for p in c["points"]}
-    assert sorted(x, key=x.get) == regime_order(tables["runs"])
+    assert sorted(x, key=x.get) == regime_order(tables.runs)
     # log scale: equal fraction ratios are equal distances (head -> bitfit and lora-r4 -> ... x2 / x2.5)
     per_decade = (x["full"] - x["head"]) / 2  # 1% -> 100%: two decades
     assert x["bitfit"] - x["head"] == pytest.approx(per_decade * math.log10(2), abs=0.2)
@@ -282,7 +283,7 @@ def test_fraction_profile_places_regimes_by_log_fraction(tables):
     assert [t["label"] for t in c["xticks"]] == ["1%", "10%", "100%"] and c["log"]
     assert [ln["family"] for ln in c["lines"]] == ["depth", "bitfit", "lora"]
     names = [t["regime"] for t in sorted(c["labels"], key=lambda t: t["x"])]
-    assert names == regime_order(tables["runs"])
+    assert names == regime_order(tables.runs)
     xs = sorted(t["x"] for t in c["labels"])
     assert all(b - a >= 17 - 1e-6 for a, b in zip(xs, xs[1:]))  # close fractions: names rotated, spread apart
     assert all(t["rotate"] for t in c["labels"])
@@ -292,8 +293,8 @@ def test_fraction_profile_places_regimes_by_log_fraction(tables):
 def test_rank_shift_on_the_fraction_axis_and_without_fractions(tables):
     from harness.outputs import charts
 
-    mt = tables["methods"]
-    regs = regime_order(tables["runs"])
+    mt = tables.methods
+    regs = regime_order(tables.runs)
     rs = charts.rank_shift(mt, regs, {}, FRACTION)
     assert sorted(rs["x"], key=rs["x"].get) == regs and rs["log"]
     assert rs["x"]["full"] - rs["x"]["last-1"] == pytest.approx(rs["W"] * math.log10(5) / 2, abs=0.2)
@@ -326,11 +327,11 @@ def test_figures_plot_against_the_fraction_in_order(tables):
 
     fig = figures.rank_shift(tables, "toy")
     ax = fig.axes[0]
-    assert ax.get_xscale() == "log" and figures.regime_names(ax) == regime_order(tables["runs"])
+    assert ax.get_xscale() == "log" and drawn_regime_names(ax) == regime_order(tables.runs)
     line = {c.get_label(): c.lines[0] for c in ax.containers}["B"]  # B: one point per regime, dodged a little
     xs = np.asarray(line.get_xdata(), float)
     assert np.all(np.diff(xs) > 0)
-    assert xs / np.array([FRACTION[r] for r in regime_order(tables["runs"])]) == pytest.approx(np.full(6, xs[0] / 0.01))
+    assert xs / np.array([FRACTION[r] for r in regime_order(tables.runs)]) == pytest.approx(np.full(6, xs[0] / 0.01))
     fig.canvas.draw()
 
 
@@ -356,7 +357,7 @@ def test_report_orders_regimes_by_fraction_and_keeps_colons(tables):
 
     md = report_markdown(tables)
     header = next(ln for ln in md.splitlines() if ln.startswith("| method"))
-    assert header == "| method | " + " | ".join(regime_order(tables["runs"])) + " |"
+    assert header == "| method | " + " | ".join(regime_order(tables.runs)) + " |"
     tex = report_latex(tables)
     assert "Method & head & bitfit & last-2:lora-r4 & lora-r4 & last-1 & full \\\\" in tex
     row = next(ln for ln in md.splitlines() if ln.startswith("| gpm"))

@@ -78,14 +78,14 @@ def test_failed_run_is_never_ranked_even_with_flagged_included():
 # ------------------------------------------------------------------ rankings
 
 def test_flagged_run_takes_its_task_order_out_of_that_regimes_comparison(tables):
-    mr = tables["methods"]
+    mr = tables.methods
     ranked = lambda rg: set(mr[(mr["regime"] == rg) & mr["mean_rank"].notna()]["method"])  # noqa: E731
     assert ranked("head") == ranked("full") == set(METHODS)  # comparisons stay paired, nobody dropped
     blocks = mr.groupby("regime")["n_blocks"].max().to_dict()
     assert blocks == {"head": 3, "full": 2}  # order 1 of `full` (B flagged there) is out for everyone
-    gr = tables["global_ranks"]
+    gr = tables.global_ranks
     assert set(gr[gr["regime"] == "full"]["method"]) == set(METHODS)
-    assert tables["w_regimes"].iloc[0]["excluded"] == ""
+    assert tables.w_regimes.iloc[0]["excluded"] == ""
 
 
 def _mostly_flagged():
@@ -96,22 +96,22 @@ def _mostly_flagged():
 
 def test_method_flagged_in_most_task_orders_is_left_out():
     t = analyse(_mostly_flagged())
-    gr, mr = t["global_ranks"], t["methods"]
+    gr, mr = t.global_ranks, t.methods
     assert set(gr[gr["regime"] == "full"]["method"]) == {"A", "C"}
     assert set(gr[gr["regime"] == "full"]["excluded"]) == {"B"}
     full = mr[(mr["regime"] == "full") & mr["mean_rank"].notna()]
     assert set(full["method"]) == {"A", "C"} and set(full["n_blocks"]) == {3}  # the others keep every order
-    assert t["w_regimes"].iloc[0]["excluded"] == "B"
+    assert t.w_regimes.iloc[0]["excluded"] == "B"
 
 
 def test_include_flagged_ranks_them(records):
     t = analyse(records, include_flagged=True)
-    gr, mr = t["global_ranks"], t["methods"]
+    gr, mr = t.global_ranks, t.methods
     assert set(gr[gr["regime"] == "full"]["method"]) == set(METHODS)
     full = mr[mr["regime"] == "full"].set_index("method")
     assert full["mean_rank"].to_dict() == {"A": 1.0, "B": 2.0, "C": 3.0}
     assert set(full["n_blocks"]) == {3}
-    assert t["w_regimes"].iloc[0]["excluded"] == ""
+    assert t.w_regimes.iloc[0]["excluded"] == ""
 
 
 def test_cells_leave_the_flagged_order_out(records):
@@ -139,7 +139,7 @@ def test_metric_table_keeps_flagged_runs_and_counts_them(records):
 # ------------------------------------------------------------------ budget
 
 def test_budget_mean_in_metric_table_equals_hand_mean(tables):
-    mt = tables["methods"].set_index(["regime", "method"])
+    mt = tables.methods.set_index(["regime", "method"])
     assert mt.at[("head", "A"), "optimizer_steps"] == pytest.approx((100 + 110 + 130) / 3)
     assert mt.at[("full", "C"), "optimizer_steps"] == pytest.approx(1200.0)
     assert mt.at[("full", "C"), "samples_seen"] == pytest.approx(1200.0 * 32)

@@ -203,7 +203,7 @@ def test_a_failed_build_deletes_nothing_and_the_next_one_prunes(tmp_path, monkey
         raise RuntimeError("template broke")
 
     with monkeypatch.context() as m:
-        m.setattr(site, "_run_page", boom)
+        m.setattr(site.run, "page", boom)
         with pytest.raises(RuntimeError):
             build_site(keep, tmp_path)
     assert all(_run_page(tmp_path, r).exists() for r in gone)

@@ -32,8 +32,8 @@ def base_tables(records):
 
 @pytest.fixture
 def tables(base_tables):
-    """A copy each test may edit (inject a bayes frame, flag a cell)."""
-    return {k: v.copy() for k, v in base_tables.items()}
+    """The analysis result; a test edits it with dataclasses.replace (inject a bayes frame, flag a cell)."""
+    return base_tables
 
 
 def raw_cells(metric: str) -> dict:
@@ -128,8 +128,9 @@ def test_bold_cells_are_the_column_best(tables, fmt):
     assert [m for m, c in acc["last-1"].items() if c["bold"]] == ["B"]
     assert [m for m, c in acc["full"].items() if c["bold"]] == ["C"]
     # forgetting that differs between methods: the lowest is bold (the fixture's forgetting ties everywhere)
-    m = tables["methods"]
-    tables["methods"] = m.assign(forgetting=m["acc"] / 10, forgetting_lo=m["acc"] / 10, forgetting_hi=m["acc"] / 10)
+    m = tables.methods
+    tables = replace(tables, methods=m.assign(forgetting=m["acc"] / 10, forgetting_lo=m["acc"] / 10,
+                                              forgetting_hi=m["acc"] / 10))
     text = report_markdown(tables) if fmt == "markdown" else report_latex(tables)
     forgetting = (md_tables(text) if fmt == "markdown" else tex_tables(text))[1]
     assert [m for m, cells in forgetting["rows"].items() if parse(cells[0])["bold"]] == ["D"]
@@ -145,8 +146,8 @@ def test_caption_says_orders_and_what_plus_minus_means(tables):
 
 
 def test_missing_cells_stay_missing(tables):
-    m = tables["methods"]
-    tables["methods"] = m[~((m["method"] == "D") & (m["regime"] == "full"))]
+    m = tables.methods
+    tables = replace(tables, methods=m[~((m["method"] == "D") & (m["regime"] == "full"))])
     assert md_tables(report_markdown(tables))[0]["rows"]["D"][2] == "—"
     assert tex_tables(report_latex(tables))[0]["rows"]["D"][2] == "---"
 
@@ -165,8 +166,7 @@ def test_labels_are_escaped(records):
     nasty, ds = "a_b&c%", "t#y_{1}~^$x\\"
     recs = [replace(r, spec=replace(r.spec, label=nasty)) if r.spec.label == "A" else r for r in records]
     tables = analyse(recs)
-    for name in ("methods", "runs"):
-        tables[name] = tables[name].assign(dataset=ds)
+    tables = replace(tables, methods=tables.methods.assign(dataset=ds), runs=tables.runs.assign(dataset=ds))
     tex = report_latex(tables)
     assert r"a\_b\&c\%" in tex and nasty not in tex
     assert r"t\#y\_\{1\}\textasciitilde{}\textasciicircum{}\$x\textbackslash{}" in tex
@@ -189,7 +189,7 @@ def test_a_pipe_in_a_label_does_not_add_a_column(records):
 
 
 def bayes(*rows) -> pd.DataFrame:
-    """A hand-made tables["bayes"]: (regime, method_1, method_2, decision) per row, dataset toy."""
+    """A hand-made tables.bayes: (regime, method_1, method_2, decision) per row, dataset toy."""
     return pd.DataFrame([{"dataset": "toy", "regime": rg, "method_1": a, "method_2": b, "n_blocks": 4,
                           "diff": 0.0, "p_1": 0.0, "p_rope": 0.0, "p_2": 0.0, "rope": 0.01, "decision": d}
                          for rg, a, b, d in rows])
@@ -205,12 +205,12 @@ def marks(tables) -> tuple[set, set]:
 
 
 def test_credible_mark_exactly_where_the_decision_names_the_best(tables):
-    tables["bayes"] = bayes(
+    tables = replace(tables, bayes=bayes(
         ("head", "B", "A", "method_2"),     # A best, B runner-up: decided for A -> mark
         ("last-1", "A", "B", "equal"),      # B best, A runner-up: practically equal -> no mark
         ("full", "B", "C", "method_1"),     # C best, B runner-up: decided for B (not the best) -> no mark
         ("full", "A", "C", "method_2"),     # C over A, but A is not the runner-up -> no mark
-    )
+    ))
     assert marks(tables) == ({("A", "head")}, {("A", "head")})
     md, tex = report_markdown(tables), report_latex(tables)
     assert "‡: credibly better than the regime's runner-up" in md and "ROPE 1 ACC point" in md
@@ -219,22 +219,15 @@ def test_credible_mark_exactly_where_the_decision_names_the_best(tables):
 
 
 def test_credible_mark_needs_a_decision(tables):
-    tables["bayes"] = bayes(("head", "B", "A", "undecided"), ("full", "B", "C", "method_2"))
-    assert marks(tables) == ({("C", "full")}, {("C", "full")})
-    tables["bayes"] = bayes(("head", "A", "B", "undecided"))
-    assert marks(tables) == (set(), set())
+    assert marks(replace(tables, bayes=bayes(("head", "B", "A", "undecided"), ("full", "B", "C", "method_2")))) \
+        == ({("C", "full")}, {("C", "full")})
+    assert marks(replace(tables, bayes=bayes(("head", "A", "B", "undecided")))) == (set(), set())
+    assert marks(replace(tables, bayes=tables.bayes.iloc[:0])) == (set(), set())
 
 
-def test_rope_of_the_legend_comes_from_the_bayes_frame_without_settings(tables):
-    del tables["settings"]
-    tables["bayes"] = bayes(("head", "A", "B", "method_1"))
-    assert "ROPE 1 ACC point)" in report_markdown(tables)  # 0.01 of a fraction = 1 point, no level known
-
-
-def test_without_a_bayes_table_there_are_no_marks_and_no_legend(tables):
-    del tables["bayes"]
-    assert marks(tables) == (set(), set())
-    assert "credibly" not in report_markdown(tables) + report_latex(tables)
+def test_the_legend_quotes_the_analysis_settings(records):
+    md = report_markdown(analyse(records, rope=2.5))
+    assert "(Bayesian signed-rank test over paired task orders, ROPE 2.5 ACC points, P ≥ 0.95)." in md
 
 
 def test_the_analysis_bayes_table_marks_clear_winners(tables):
@@ -243,8 +236,8 @@ def test_the_analysis_bayes_table_marks_clear_winners(tables):
 
 
 def test_flagged_cells_are_marked_with_their_count(tables):
-    m = tables["methods"]
-    tables["methods"] = m.assign(n_flagged=np.where((m["method"] == "B") & (m["regime"] == "full"), 2, 0))
+    m = tables.methods
+    tables = replace(tables, methods=m.assign(n_flagged=np.where((m["method"] == "B") & (m["regime"] == "full"), 2, 0)))
     md, tex = report_markdown(tables), report_latex(tables)
     assert md_cell(md_tables(md)[0]["rows"]["B"][2])["flagged"] == 2
     assert tex_cell(tex_tables(tex)[0]["rows"]["B"][2])["flagged"] == 2

@@ -2,6 +2,7 @@
 import copy
 import csv
 import json
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urlparse
@@ -9,6 +10,7 @@ from urllib.parse import urlparse
 import pytest
 
 from harness.config.specs import RunRecord
+from harness.outputs import charts
 from harness.outputs.site import build_site, site_summary_line, slug
 
 FIXTURE = Path(__file__).parent / "fixtures" / "analysis" / "records.json"
@@ -119,3 +121,28 @@ def test_dataset_page_reports_exclusion(site):
 def test_empty_records_still_build(tmp_path):
     index = build_site([], tmp_path)
     assert index.exists()
+
+
+def test_pages_inline_the_static_files_and_colour_tags_by_class(site):
+    out, _ = site
+    static = Path(__file__).parent.parent / "leaderboard" / "static"
+    css, js = (static / "site.css").read_text(), (static / "site.js").read_text()
+    pages = [out / "index.html", out / f"dataset-{slug('toy')}.html", out / f"method-{slug('B')}.html",
+             out / "runs" / f"{slug('fuD200000000')}.html"]
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        assert css in html and js in html, page.name  # one self-contained file: opens alone from file://
+        assert ' style="' not in html, page.name  # classes, not inline styles
+    html = pages[1].read_text(encoding="utf-8")
+    rules = dict(re.findall(r"\.(rg-[a-z0-9-]+) \{ background:(#[0-9a-f]+); \}", html))
+    tags = re.findall(r'<span class="tag (rg-[a-z0-9-]+)"[^>]*>([^<]+)</span>', html)
+    colours = charts.regime_colours(["head", "last-1", "full"])  # the fixture's regimes, smallest first
+    assert len(tags) > 3 and all(rules[cls] == colours[regime] for cls, regime in tags)
+
+
+def test_regime_colour_rules_take_hex_colours_only():
+    from harness.outputs.site.templates import regime_css
+
+    assert regime_css({"head": "#f4a259"}) == f".rg-{slug('head')} {{ background:#f4a259; }}\n"
+    with pytest.raises(ValueError, match="not a hex colour"):
+        regime_css({"head": "red; } body { display:none"})  # the value lands in a <style> block

@@ -4,6 +4,7 @@ degenerate regimes), each rendered when its table is there and skipped when it i
 import copy
 import json
 import re
+from dataclasses import replace
 from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.analysis import diagnostics
+from harness.analysis.diagnostics import Sweep, TaskSweep
 from harness.analysis.tables import analyse
 from harness.config.specs import RunRecord
 from harness.outputs import charts, site
@@ -106,7 +109,7 @@ def test_grid_has_methods_as_rows_and_regimes_as_columns_in_depth_order(built):
     html = _ds(built).read_text(encoding="utf-8")
     grid = html[html.index('<table class="gridt">'):]
     grid = grid[:grid.index("</table>")]
-    heads = re.findall(r'<span class="tag"[^>]*>([^<]+)</span>', grid[:grid.index("</thead>")])
+    heads = re.findall(r'<span class="tag [^"]*"[^>]*>([^<]+)</span>', grid[:grid.index("</thead>")])
     assert heads == ["head", "last-1", "full"]
     rows = re.findall(r'<tr><td class="l"><a href="method-[^"]+">([^<]+)</a>', grid)
     assert rows == ["A", "B", "C", LONG]
@@ -114,7 +117,7 @@ def test_grid_has_methods_as_rows_and_regimes_as_columns_in_depth_order(built):
 
 def test_grid_cell_shows_acc_ci_forgetting_and_marks_the_best(built, records):
     html = _ds(built).read_text(encoding="utf-8")
-    mt = analyse(records)["methods"]
+    mt = analyse(records).methods
     top = mt.loc[mt.groupby("regime")["acc"].idxmax()].set_index("regime")
     best = re.findall(r'<td class="best"[^>]*><span class="acc">([\d.]+)</span> <span class="ci">± ([\d.]+)</span>', html)
     assert len(best) == 3
@@ -179,7 +182,7 @@ def test_method_page_shows_description_reference_and_the_alpha_sweep(built):
 
 def test_sweep_curve_is_the_mean_over_runs(records):
     mine = [r for r in records if r.method == "B" and r.spec.regime == "head"]
-    panel = site._sweeps(mine, ["head"], 100.0)[0]
+    panel = charts.sweep_panel(diagnostics.sweeps(mine, ["head"])[0], 100.0)
     assert panel["x_key"] == "alpha" and panel["y_key"] == "acc_seen" and panel["percent"]
     row = panel["rows"][0]
     assert row["task"] == 2 and row["n"] == 4 and row["marks"]["alpha"] == pytest.approx(0.25)
@@ -188,16 +191,27 @@ def test_sweep_curve_is_the_mean_over_runs(records):
 
 
 def test_sweep_marks_a_closed_form_that_differs_from_the_chosen_alpha():
-    slot = {"x": "alpha", "y": "acc_seen", "percent": True, "tasks": {2: {
-        "pts": {0.0: [0.8], 0.5: [0.9], 1.0: [0.85]}, "marks": {"alpha": [0.0], "closed_form": [0.4]}, "n": 1}}}
-    panel = charts.sweep_panel(slot, 100.0)
+    sweep = Sweep("alpha_sweep", "toy", "head", "alpha", "acc_seen", True, {2: TaskSweep(
+        n=1, points={0.0: [0.8], 0.5: [0.9], 1.0: [0.85]}, marks={"alpha": [0.0], "closed_form": [0.4]})})
+    panel = charts.sweep_panel(sweep, 100.0)
     assert sorted(v["dash"] for v in panel["vlines"]) == ["", "4 3"]
     assert panel["others"] == ["closed_form"]
 
 
 def test_flatten_keeps_per_task_dicts_and_leaves_sweeps_to_charts():
-    assert site._flatten("alpha_sweep", [None, _sweep(0.3)]) == []
-    assert site._flatten("stats", [None, {"a": 1.0, "b": "x"}, {"a": 2.0}]) == [("stats.a", [None, 1.0, 2.0])]
+    assert diagnostics.flatten("alpha_sweep", [None, _sweep(0.3)]) == []
+    assert diagnostics.flatten("stats", [None, {"a": 1.0, "b": "x"}, {"a": 2.0}]) == [("stats.a", [None, 1.0, 2.0])]
+
+
+def test_diagnostic_means_are_elementwise_over_ok_runs_only(records):
+    mine = [r for r in records if r.method == "C" and r.spec.regime == "head"]  # MagMax: 4 ok runs
+    failed = replace(mine[0], status="failed", diagnostics={"task_vector_norms": [[9.0, 9.0]]})
+    means = {d.name: d for d in diagnostics.diagnostic_means([*mine, failed], ["head"])}
+    assert sorted(means) == ["sign_conflicts", "task_vector_norms[0]"]
+    (row,) = means["task_vector_norms[0]"].rows
+    assert (row.dataset, row.regime, row.n) == ("toy", "head", 4)
+    assert row.values == pytest.approx([1.0, (1.02 + 1.12 + 1.22 + 1.32) / 4])  # the fixture's norms, by hand
+    assert means["sign_conflicts"].width == 2 and means["sign_conflicts"].rows[0].values == pytest.approx([0.0, 0.1])
 
 
 def test_run_page_class_il_shows_both_matrices_labelled(built):
@@ -240,12 +254,15 @@ def test_headline_leads_with_credible_reversals(built):
 # ------------------------------------------------------------------ optional statistics tables
 
 def _inject(monkeypatch, **frames):
-    """analyse() returns the real tables with these replaced (None: the key is dropped)."""
+    """analyse() returns the real result with these tables replaced (a function: applied to the real one)."""
     def fake(records, include_flagged=False, rope=1.0, **kw):
         t = analyse(records, include_flagged=include_flagged, rope=rope, **kw)
-        t.update({k: v for k, v in frames.items() if v is not None})
-        return {k: v for k, v in t.items() if frames.get(k, 0) is not None}
+        return replace(t, **{k: v(getattr(t, k)) if callable(v) else v for k, v in frames.items()})
     monkeypatch.setattr(site, "analyse", fake)
+
+
+def _empty(df: pd.DataFrame) -> pd.DataFrame:
+    return df.iloc[:0]
 
 
 POWER = pd.DataFrame([
@@ -313,20 +330,14 @@ def test_degenerate_regime_marked_in_grid_header_and_heatmap(tmp_path, monkeypat
     assert html.count('<span class="best-mark"') == 2  # no best in the degenerate regime
 
 
-def test_optional_tables_absent_pages_still_build(tmp_path, monkeypatch, records):
-    _inject(monkeypatch, power=None, bayes=None, credible_reversals=None, degenerate=None, curves=None)
+def test_empty_statistics_tables_pages_still_build(tmp_path, monkeypatch, records):
+    _inject(monkeypatch, power=_empty, bayes=_empty, credible_reversals=_empty, degenerate=_empty, curves=_empty)
     build_site(records, tmp_path)
     html = _ds(tmp_path).read_text(encoding="utf-8")
-    assert "Design power" not in html and "Pairwise Bayesian" not in html and "credible reversal" not in html
-    assert 'aria-label="accuracy on seen tasks,' in html  # the fallback curves
-    index = (tmp_path / "index.html").read_text(encoding="utf-8")
-    assert "Design power" not in index and "Do rankings survive a change of regime?" in index
-
-
-def test_fallback_curves_match_the_analysis_means(records):
-    ours = site._fallback_curves(records).set_index(["dataset", "regime", "method", "task"])["acc"]
-    theirs = analyse(records)["curves"].set_index(["dataset", "regime", "method", "task"])["acc"]
-    assert ours.sort_index().to_numpy() == pytest.approx(theirs.sort_index().to_numpy())
+    assert "Pairwise Bayesian" not in html and "Accuracy over tasks" not in html and "degenerate †" not in html
+    assert "<b>0</b> credible reversals" in html and "Design-power table (0 tests)" in html
+    index = _page(tmp_path / "index.html").text
+    assert "No credible rank reversal" in index and "Left out as degenerate" not in index
 
 
 def test_rope_is_passed_to_the_analysis(tmp_path, monkeypatch, records):
@@ -350,7 +361,7 @@ def test_spread_keeps_labels_apart_and_inside():
 
 
 def test_rank_shift_end_labels_do_not_overlap(records):
-    mt = analyse(records)["methods"]
+    mt = analyse(records).methods
     rs = charts.rank_shift(mt, ["head", "last-1", "full"], {})
     ys = sorted(ln["label"]["y"] for ln in rs["lines"] if ln["px"])
     assert all(b - a >= 13 - 1e-9 for a, b in zip(ys, ys[1:]))

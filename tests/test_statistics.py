@@ -144,20 +144,20 @@ def test_degenerate_regime_is_left_out_of_tau_w_and_the_headline():
         scores[("last-1", m)] = [a - 0.03 * i for a in base]
         scores[("full", m)] = [a - 0.03 * (3 - i) for a in base]
     t = analyse(_records(scores))
-    deg = t["degenerate"].set_index("regime")
+    deg = t.degenerate.set_index("regime")
     assert deg.at["head", "degenerate"] and not deg.at["full", "degenerate"]
     assert "all 4 methods" in deg.at["head", "reason"]
-    tau = t["tau"].set_index(["regime_a", "regime_b"])
+    tau = t.tau.set_index(["regime_a", "regime_b"])
     assert math.isnan(tau.at[("head", "full"), "tau"]) and "head left out" in tau.at[("head", "full"), "note"]
     assert tau.at[("last-1", "full"), "tau"] == pytest.approx(-1.0)
-    assert t["w_regimes"].iloc[0]["n_regimes"] == 2 and t["w_regimes"].iloc[0]["regimes_left_out"] == "head"
+    assert t.w_regimes.iloc[0]["n_regimes"] == 2 and t.w_regimes.iloc[0]["regimes_left_out"] == "head"
     h = headline(t)
     assert [d["regime"] for d in h["degenerate"]] == ["head"]
     assert h["shallow_deep"][0]["a"] == "last-1"
     # every pair is credibly ordered one way in last-1 and the other in full: 6 credible reversals
-    assert h["credible"] == 6 and len(t["credible_reversals"]) == 6
-    assert set(t["credible_reversals"]["regime_a"]) == {"last-1"}
-    assert t["reversals"]["credible"].sum() == 6
+    assert h["credible"] == 6 and len(t.credible_reversals) == 6
+    assert set(t.credible_reversals["regime_a"]) == {"last-1"}
+    assert t.reversals["credible"].sum() == 6
 
 
 def test_tie_groups_and_near_ties():
@@ -256,7 +256,7 @@ def test_class_il_cells_show_the_task_aware_view_too(tmp_path):
                          "metrics_task_aware": {"acc": 0.9 + 0.01 * o, "forgetting": 0.05}})
             for m in "ab" for o in range(3)]
     t = analyse(recs)
-    row = t["methods"].iloc[0]
+    row = t.methods.iloc[0]
     assert row["acc_task_aware"] == pytest.approx(0.91) and row["acc"] == pytest.approx(0.51)
     index = build_site(recs, tmp_path / "site")
     page = next(index.parent.glob("dataset-*.html")).read_text()
@@ -270,8 +270,8 @@ def test_near_ties_of_a_degenerate_regime_are_not_counted_as_reversals():
         scores[("last-1", m)] = [v - 0.03 * i for v in base]
         scores[("full", m)] = [v - 0.03 * (2 - i) for v in base]
     t = analyse(_records(scores))
-    assert t["degenerate"].set_index("regime").at["head", "degenerate"]
-    assert "head" not in set(t["reversals"]["regime_a"]) | set(t["reversals"]["regime_b"])
+    assert t.degenerate.set_index("regime").at["head", "degenerate"]
+    assert "head" not in set(t.reversals["regime_a"]) | set(t.reversals["regime_b"])
     h = headline(t)
     assert h["reversals"] == 3 and h["pairs_compared"] == 3  # last-1 vs full only
 
@@ -295,9 +295,9 @@ def test_a_regime_where_every_pair_is_practically_equal_is_degenerate():
     for i, m in enumerate("abc"):
         scores[("full", m)] = [v - 0.03 * i for v in base]
     t = analyse(_records(scores))
-    deg = t["degenerate"].set_index("regime")
+    deg = t.degenerate.set_index("regime")
     assert deg.at["head", "degenerate"] and "practically equal" in deg.at["head", "reason"]
     assert deg.at["head", "largest_tie"] == 1  # not identical: the ROPE decided it
     assert not deg.at["full", "degenerate"]
-    narrow = analyse(_records(scores), rope=0.01)["degenerate"].set_index("regime")
+    narrow = analyse(_records(scores), rope=0.01).degenerate.set_index("regime")
     assert not narrow.at["head", "degenerate"]  # a 0.01-point ROPE: the wiggles are real differences

@@ -9,6 +9,7 @@ from harness.analysis import correlations, curves, decisions, families, power, r
 from harness.analysis.coverage import Cells, coverage_table
 from harness.analysis.degenerate import degenerate_regimes, degenerate_table
 from harness.analysis.frame import percent_scale, records_to_frame, regime_order, warning_codes
+from harness.analysis.result import AnalysisResult, AnalysisSettings
 from harness.config.metrics import METRIC_NAMES
 from harness.config.vocabulary import Status
 
@@ -81,8 +82,8 @@ def flagged_table(records, regimes=()) -> pd.DataFrame:
 
 
 def analyse(records, seed: int = stats.SEED, include_flagged: bool = False,
-            rope: float = decisions.ROPE_POINTS) -> dict[str, pd.DataFrame]:
-    """Every leaderboard table, by name; `frame` is the tidy per-run frame they come from.
+            rope: float = decisions.ROPE_POINTS) -> AnalysisResult:
+    """Every leaderboard table (result.py); `runs` is the tidy per-run frame they come from.
 
     Flagged runs (learning-check warnings) are left out of every rank statistic, as missing
     cells, unless include_flagged; the metric tables always include and count them.
@@ -102,40 +103,40 @@ def analyse(records, seed: int = stats.SEED, include_flagged: bool = False,
     reversals = _with_credible(ranks.rank_reversals(frame, cells, skip=skip), credible, bayes)
     tau = ranks.regime_agreement(frame, cells, seed, skip)
     family_tau = families.family_tau(tau, order)
-    return {
-        "runs": frame,
-        "coverage": coverage_table(frame),
-        "methods": mt.merge(mr, on=["dataset", "regime", "method"], how="left"),
-        "order_ranks": ranks.order_ranks(frame, cells),
-        "global_ranks": ranks.global_ranks(frame, cells, seed),
-        "tau": tau,
-        "w_regimes": ranks.w_across_regimes(frame, cells, skip),
+    return AnalysisResult(
+        runs=frame,
+        coverage=coverage_table(frame),
+        methods=mt.merge(mr, on=["dataset", "regime", "method"], how="left"),
+        order_ranks=ranks.order_ranks(frame, cells),
+        global_ranks=ranks.global_ranks(frame, cells, seed),
+        tau=tau,
+        w_regimes=ranks.w_across_regimes(frame, cells, skip),
         # within vs across subspace families (families.py); regimes: family and trainable size
-        "regimes": families.regime_table(frame),
-        "family_tau": family_tau,
-        "families": families.family_summary(family_tau, reversals, credible, seed),
-        "family_w": families.w_by_family(cells, skip),
-        "absent": families.absent_table(cells),
-        "w_orders": ranks.w_across_orders(frame, cells),
-        "reversals": families.label_pairs(reversals),
-        "reversal_summary": ranks.reversal_summary(frame, reversals, cells, skip),
-        "friedman": ranks.friedman_table(frame, cells),
-        "nemenyi": ranks.nemenyi_table(frame, cells),
-        "bayes": bayes,
-        "credible_reversals": families.label_pairs(credible),
-        "degenerate": degenerate,
-        "power": power.observed_power(cells, skip, rope_acc),
-        "curves": curves.task_curves(records, seed),
-        "norm_forgetting": correlations.norm_vs_forgetting(frame, seed),
-        "norm_forgetting_family": correlations.norm_vs_forgetting_by_family(frame, seed),
-        "depth_profile": correlations.depth_profile(frame, seed),
-        "depth_trend": correlations.depth_trend(frame, seed),
-        "step_level": correlations.step_level(records, frame, seed),
-        "budget": budget_table(frame),
-        "flagged": flagged_table(records, order),
-        "settings": pd.DataFrame([{"rope_points": rope, "rope": rope_acc, "credible": decisions.bayes.CREDIBLE,
-                                   "alpha": power.ALPHA, "include_flagged": include_flagged}]),
-    }
+        regimes=families.regime_table(frame),
+        family_tau=family_tau,
+        families=families.family_summary(family_tau, reversals, credible, seed),
+        family_w=families.w_by_family(cells, skip),
+        absent=families.absent_table(cells),
+        w_orders=ranks.w_across_orders(frame, cells),
+        reversals=families.label_pairs(reversals),
+        reversal_summary=ranks.reversal_summary(frame, reversals, cells, skip),
+        friedman=ranks.friedman_table(frame, cells),
+        nemenyi=ranks.nemenyi_table(frame, cells),
+        bayes=bayes,
+        credible_reversals=families.label_pairs(credible),
+        degenerate=degenerate,
+        power=power.observed_power(cells, skip, rope_acc),
+        curves=curves.task_curves(records, seed),
+        norm_forgetting=correlations.norm_vs_forgetting(frame, seed),
+        norm_forgetting_family=correlations.norm_vs_forgetting_by_family(frame, seed),
+        depth_profile=correlations.depth_profile(frame, seed),
+        depth_trend=correlations.depth_trend(frame, seed),
+        step_level=correlations.step_level(records, frame, seed),
+        budget=budget_table(frame),
+        flagged=flagged_table(records, order),
+        settings=AnalysisSettings(rope_points=float(rope), rope=rope_acc, credible=decisions.bayes.CREDIBLE,
+                                  alpha=power.ALPHA, include_flagged=include_flagged),
+    )
 
 
 def _everywhere(skip: dict, cells: Cells) -> dict[str, str]:
@@ -164,52 +165,47 @@ def _with_credible(reversals: pd.DataFrame, credible: pd.DataFrame, bayes: pd.Da
     return out
 
 
-def headline(tables: dict[str, pd.DataFrame]) -> dict:
+def headline(t: AnalysisResult) -> dict:
     """How much rankings change across regimes, in a few numbers for the overview.
 
     Degenerate regimes are already out of tau and W; credible reversals lead.
     """
-    tau = tables["tau"]
+    tau = t.tau
     off = tau[(tau["regime_a"] < tau["regime_b"]) & tau["tau"].notna()]
-    rs = tables["reversal_summary"]
-    w = tables["w_regimes"]["w"].dropna()
-    credible = tables.get("credible_reversals", pd.DataFrame())
-    per_dataset = credible[credible["dataset"] != decisions.ALL] if len(credible) else credible
-    deg = tables.get("degenerate", pd.DataFrame())
-    pw = tables.get("power", pd.DataFrame())
-    settings = tables.get("settings", pd.DataFrame([{}]))
+    rs = t.reversal_summary
+    w = t.w_regimes["w"].dropna()
+    credible = t.credible_reversals
+    per_dataset = credible[credible["dataset"] != decisions.ALL]
+    deg, pw = t.degenerate, t.power
     return {"mean_tau": float(off["tau"].mean()) if len(off) else math.nan,
             "min_tau": float(off["tau"].min()) if len(off) else math.nan,
-            "n_tau": len(off), "shallow_deep": _extreme_pair_tau(tables),
+            "n_tau": len(off), "shallow_deep": _extreme_pair_tau(t),
             "reversals": int(rs["reversals"].sum()), "significant": int(rs["significant"].sum()),
             "pairs_compared": int(rs["n_pairs"].sum()),
             "mean_w": float(w.mean()) if len(w) else math.nan,
             "credible": len(per_dataset),
             "credible_pooled": len(credible) - len(per_dataset),
-            "top_credible": per_dataset.head(3).to_dict("records") if len(per_dataset) else [],
-            "top_reversals": _strongest(tables.get("reversals", pd.DataFrame())),
+            "top_credible": per_dataset.head(3).to_dict("records"),
+            "top_reversals": _strongest(t.reversals),
             # the Wilcoxon count is a statement only where the test could call anything significant
-            "wilcoxon_decides": bool(pw[pw["test"] == "wilcoxon-holm"]["reachable"].all()) if len(pw) else True,
-            "degenerate": deg[deg["degenerate"]][["dataset", "regime", "reason"]].to_dict("records") if len(deg) else [],
-            "power_warnings": sorted(set(pw.loc[~pw["reachable"].astype(bool), "message"])) if len(pw) else [],
-            "rope": float(settings["rope_points"].iloc[0]) if "rope_points" in settings else math.nan,
+            "wilcoxon_decides": bool(pw[pw["test"] == "wilcoxon-holm"]["reachable"].all()),
+            "degenerate": deg[deg["degenerate"].astype(bool)][["dataset", "regime", "reason"]].to_dict("records"),
+            "power_warnings": sorted(set(pw.loc[~pw["reachable"].astype(bool), "message"])),
+            "rope": t.settings.rope_points,
             # within vs across subspace families; None with a single family
-            "families": families.headline(tables["families"], regime_order(tables["runs"]))
-            if "families" in tables else None}
+            "families": families.headline(t.families, regime_order(t.runs))}
 
 
 def _strongest(reversals: pd.DataFrame, n: int = 3) -> list[dict]:
     """The n reversals whose two orders are most probable (credible or not), strongest first."""
-    if reversals.empty or "strength" not in reversals:
-        return []
     top = reversals.dropna(subset=["strength"]).sort_values("strength", ascending=False, kind="stable")
     return top.head(n).to_dict("records")
 
 
-def _extreme_pair_tau(tables) -> list[dict]:
+def _extreme_pair_tau(t: AnalysisResult) -> list[dict]:
     """tau between the shallowest and the deepest regime of each dataset with a tau (degenerate ones have none)."""
-    order = regime_order(tables["runs"])
-    tau = tables["tau"]
+    order = regime_order(t.runs)
+    tau = t.tau
     out = []
     for ds, sub in tau.groupby("dataset"):
         valid = sub[sub["tau"].notna() & (sub["regime_a"] != sub["regime_b"])]

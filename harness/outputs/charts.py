@@ -10,6 +10,7 @@ import math
 
 import pandas as pd
 
+from ..analysis.diagnostics import Sweep
 from ..analysis.frame import family_of
 from ..config.vocabulary import Status
 
@@ -422,7 +423,7 @@ def curve_panels(curves: pd.DataFrame, regs, colours: dict, scale: float) -> lis
 
     All panels share the y axis, so regimes compare at a glance.
     """
-    if curves is None or curves.empty:
+    if curves.empty:
         return []
     c = curves.assign(y=curves["acc"] * scale, lo=curves["acc_lo"] * scale, hi=curves["acc_hi"] * scale)
     ylo, yhi = y_limits(c["lo"].tolist() + c["hi"].tolist() + c["y"].tolist(), 0.0, 100.0 if scale == 100 else 1.0)
@@ -448,20 +449,20 @@ def task_colour(i: int, n: int) -> str:
     return TASK_COLOURS[round(i * k / (n - 1)) if n > 1 else k - 2]
 
 
-def sweep_panel(slot: dict, scale: float) -> dict:
+def sweep_panel(sweep: Sweep, scale: float) -> dict:
     """A swept diagnostic (e.g. BECAME's accuracy over alpha): one mean curve per task, the chosen value
     of the swept parameter as a solid vertical line, any other recorded value (the closed form) dashed."""
-    xk, yk, pct = slot["x"], slot["y"], slot["percent"]
+    xk, yk, pct = sweep.x, sweep.y, sweep.percent
     f = scale if pct else 1.0
     series, vlines, rows, ys = [], [], [], []
-    tasks = sorted(slot["tasks"])
+    tasks = sorted(sweep.tasks)
     for i, t in enumerate(tasks):
-        task = slot["tasks"][t]
+        task = sweep.tasks[t]
         colour = task_colour(i, len(tasks))
-        pts = [(x, sum(v) / len(v) * f) for x, v in sorted(task["pts"].items())]
+        pts = [(x, sum(v) / len(v) * f) for x, v in sorted(task.points.items())]
         ys += [y for _, y in pts]
         series.append({"name": f"task {t}", "colour": colour, "pts": [(x, y, None, None) for x, y in pts]})
-        marks = {k: sum(v) / len(v) for k, v in task["marks"].items()}
+        marks = {k: sum(v) / len(v) for k, v in task.marks.items()}
         chosen = marks.get(xk)
         for name, at in marks.items():
             if name != xk and chosen is not None and abs(at - chosen) < 1e-6:
@@ -469,7 +470,7 @@ def sweep_panel(slot: dict, scale: float) -> dict:
             vlines.append({"at": at, "colour": colour, "dash": "" if name == xk else "4 3", "task": t, "mark": name,
                            "name": f"{'chosen ' + xk if name == xk else name} = {at:.3f} (task {t})"})
         best = max(pts, key=lambda p: p[1]) if pts else (None, None)
-        rows.append({"task": t, "n": task["n"], "marks": marks, "best_x": best[0], "best_y": best[1]})
+        rows.append({"task": t, "n": task.n, "marks": marks, "best_x": best[0], "best_y": best[1]})
     ylo, yhi = y_limits(ys, 0.0, 100.0 if f == 100 else None)
     others = sorted({k for r in rows for k in r["marks"] if k != xk})
     dashed = sorted({v["mark"] for v in vlines if v["dash"]})

@@ -1,7 +1,7 @@
 """Paper figures from `analyse(records)`: per dataset, PDF/PNG files that are byte-identical for the same records.
 
 Figures: mean rank per regime (rank shifts), Kendall tau between regimes, update norm vs
-forgetting, accuracy curves over tasks (when the analysis provides tables["curves"]) and ACC /
+forgetting, accuracy curves over tasks and ACC /
 forgetting with CIs. Regimes run from the smallest trainable subspace to the largest; where a
 figure plots against the regime, x is its trainable fraction on a log axis, regime names on top
 (evenly spaced names instead when a fraction is unknown). Legends sit outside the axes.
@@ -22,14 +22,14 @@ import pandas as pd  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from ..analysis.families import regime_table  # noqa: E402
 from ..analysis.frame import percent_scale, regime_order  # noqa: E402
+from ..analysis.result import AnalysisResult  # noqa: E402
 from ..config.metrics import METRICS  # noqa: E402
 from ..config.text import terminal_safe  # noqa: E402
 from ..config.vocabulary import Status  # noqa: E402
 from .charts import spread, tick_percent  # noqa: E402
 from .formatting import p_eq  # noqa: E402
-from .site import slug  # noqa: E402  (file names: readable prefix + hash, safe for any label)
+from .site.filters import slug  # noqa: E402  (file names: readable prefix + hash, safe for any label)
 
 FORMATS = ("pdf", "png")
 # Fixed settings on top of matplotlib's defaults (a user's matplotlibrc must not change the files).
@@ -45,7 +45,7 @@ PANEL_W, PANEL_H = 2.4, 2.2  # inches per panel
 LEGEND = {"loc": "outside right upper", "frameon": False}
 
 
-def write_figures(tables: dict, out_dir, formats=FORMATS, log=None) -> list[Path]:
+def write_figures(tables: AnalysisResult, out_dir, formats=FORMATS, log=None) -> list[Path]:
     """Write every figure of every dataset in each format to out_dir; returns the paths in write order."""
     bad = [f for f in formats if f not in FORMATS]
     if bad:
@@ -56,7 +56,7 @@ def write_figures(tables: dict, out_dir, formats=FORMATS, log=None) -> list[Path
     with matplotlib.rc_context():
         matplotlib.rcdefaults()  # restored on leaving the context
         matplotlib.rcParams.update(RC)
-        for ds in sorted(tables["methods"]["dataset"].unique()):
+        for ds in sorted(tables.methods["dataset"].unique()):
             for kind, draw in FIGURES.items():
                 fig = draw(tables, ds)
                 if fig is not None:
@@ -95,20 +95,19 @@ def _style(methods) -> dict:
     return {m: (colours[i % len(colours)], MARKERS[i % len(MARKERS)]) for i, m in enumerate(sorted(methods))}
 
 
-def _regimes(tables: dict, present) -> list:
+def _regimes(tables: AnalysisResult, present) -> list:
     present = set(present)
-    return [r for r in regime_order(tables["runs"]) if r in present]
+    return [r for r in regime_order(tables.runs) if r in present]
 
 
-def _methods_of(tables: dict, ds) -> pd.DataFrame:
-    m = tables["methods"]
+def _methods_of(tables: AnalysisResult, ds) -> pd.DataFrame:
+    m = tables.methods
     return m[m["dataset"] == ds]
 
 
-def regime_x(tables: dict, ds, regimes) -> tuple[dict, bool]:
+def regime_x(tables: AnalysisResult, ds, regimes) -> tuple[dict, bool]:
     """x per regime: its trainable fraction on the dataset (True) when every one is known, else 0, 1, ... (False)."""
-    rt = tables.get("regimes")
-    rt = regime_table(tables["runs"]) if rt is None else rt
+    rt = tables.regimes
     sub = rt[rt["dataset"] == ds]
     fr = dict(zip(sub["regime"], sub["fraction"].astype(float)))
     if regimes and all(math.isfinite(fr.get(r, math.nan)) and fr[r] > 0 for r in regimes):
@@ -152,12 +151,6 @@ def _regime_names(ax, xs: dict) -> None:
                 va="bottom", fontsize=6.5, gid="regime-name")
 
 
-def regime_names(ax) -> list[str]:
-    """The regime names _regime_names drew over ax, left to right."""
-    texts = [t for t in ax.texts if t.get_gid() == "regime-name"]
-    return [t.get_text() for t in sorted(texts, key=lambda t: t.get_position()[0])]
-
-
 def _dodge(i: int, k: int, width: float = 0.5) -> float:
     """Horizontal offset of method i of k, so that whiskers at one regime do not overlap."""
     return 0.0 if k == 1 else (i - (k - 1) / 2) * width / k
@@ -175,7 +168,7 @@ def _dodged(x: np.ndarray, xs: dict, log: bool, i: int, k: int, width: float) ->
 
 # ------------------------------------------------------------------------- (a) rank shifts
 
-def rank_shift(tables: dict, ds) -> Figure | None:
+def rank_shift(tables: AnalysisResult, ds) -> Figure | None:
     """Mean rank (1 = best) per regime, one line per method, with bootstrap CI whiskers."""
     sub = _methods_of(tables, ds).dropna(subset=["mean_rank"])
     if sub.empty:
@@ -202,10 +195,9 @@ def rank_shift(tables: dict, ds) -> Figure | None:
 
 # ------------------------------------------------------------------------- (b) Kendall tau
 
-def tau_heatmap(tables: dict, ds) -> Figure | None:
+def tau_heatmap(tables: AnalysisResult, ds) -> Figure | None:
     """Kendall tau_b between the method rankings of every pair of regimes; tau, p and n in each cell."""
-    tau = tables.get("tau")
-    sub = tau[tau["dataset"] == ds] if tau is not None else pd.DataFrame()
+    sub = tables.tau[tables.tau["dataset"] == ds]
     regimes = _regimes(tables, sub["regime_a"]) if len(sub) else []
     if len(regimes) < 2:
         return None
@@ -235,9 +227,9 @@ def tau_heatmap(tables: dict, ds) -> Figure | None:
 
 # ------------------------------------------------------------------------- (c) norm vs forgetting
 
-def norm_forgetting(tables: dict, ds) -> Figure | None:
+def norm_forgetting(tables: AnalysisResult, ds) -> Figure | None:
     """Per regime, one point per ok run: mean update norm against forgetting, coloured by method."""
-    runs = tables["runs"]
+    runs = tables.runs
     sub = runs[(runs["dataset"] == ds) & (runs["status"] == Status.OK)].dropna(subset=["mean_update_norm", "forgetting"])
     if sub.empty:
         return None
@@ -259,10 +251,10 @@ def norm_forgetting(tables: dict, ds) -> Figure | None:
     return fig
 
 
-def _corr_title(tables: dict, ds, rg) -> str:
-    """The regime's name with its Spearman rho from tables["norm_forgetting"], when there."""
-    nf = tables.get("norm_forgetting")
-    row = nf[(nf["dataset"] == ds) & (nf["regime"] == rg)] if nf is not None and "rho" in nf else ()
+def _corr_title(tables: AnalysisResult, ds, rg) -> str:
+    """The regime's name with its Spearman rho from tables.norm_forgetting, when there is one."""
+    nf = tables.norm_forgetting
+    row = nf[(nf["dataset"] == ds) & (nf["regime"] == rg)]
     rho = float(row["rho"].iloc[0]) if len(row) else math.nan
     return text(rg) + ("" if math.isnan(rho) else f" (ρ={rho:.2f})")
 
@@ -277,15 +269,12 @@ def _method_legend(fig: Figure, style: dict) -> None:
 
 # ------------------------------------------------------------------------- (d) accuracy curves
 
-def curves(tables: dict, ds) -> Figure | None:
+def curves(tables: AnalysisResult, ds) -> Figure | None:
     """Mean accuracy after each task with CI bands, one line per method, one panel per regime."""
-    table = tables.get("curves")  # the analysis may not provide curves: no figure then
-    if table is None:
-        return None
-    sub = table[table["dataset"] == ds].dropna(subset=["acc"])
+    sub = tables.curves[tables.curves["dataset"] == ds].dropna(subset=["acc"])
     if sub.empty:
         return None
-    scale = percent_scale(tables["runs"])
+    scale = percent_scale(tables.runs)
     regimes = _regimes(tables, sub["regime"])
     style = _style(sub["method"].unique())
     fig, axes = _figure(len(regimes), sharey=True)
@@ -308,12 +297,12 @@ def curves(tables: dict, ds) -> Figure | None:
 
 # ------------------------------------------------------------------------- (e) ACC / forgetting
 
-def acc_forgetting(tables: dict, ds) -> Figure | None:
+def acc_forgetting(tables: AnalysisResult, ds) -> Figure | None:
     """ACC (top) and forgetting (bottom) per regime and method: means with 95% CI whiskers."""
     sub = _methods_of(tables, ds)
     if sub["acc"].notna().sum() == 0:
         return None
-    scale = percent_scale(tables["runs"])
+    scale = percent_scale(tables.runs)
     regimes = _regimes(tables, sub["regime"])
     pos, log = regime_x(tables, ds, regimes)
     methods = sorted(sub["method"].unique())

@@ -15,12 +15,13 @@ from dataclasses import dataclass, replace
 import pandas as pd
 
 from ..analysis.frame import FLAG, percent_scale, regime_order
+from ..analysis.result import AnalysisResult, AnalysisSettings
 from ..config.metrics import METRICS
 from ..config.text import terminal_safe
 from .formatting import MISSING, TEX_MISSING, best_as_printed, mean_ci
-from .site import slug  # label keys: letters, digits, '-' and a hash, so no two datasets share one
+from .site.filters import slug  # label keys: letters, digits, '-' and a hash, so no two datasets share one
 
-CREDIBLE_METRIC = "acc"  # the Bayesian comparison (tables["bayes"]) is over ACC
+CREDIBLE_METRIC = "acc"  # the Bayesian comparison (AnalysisResult.bayes) is over ACC
 MD_CREDIBLE, TEX_CREDIBLE = "‡", r"\ddag"
 TEX_FLAG = r"\dag"
 
@@ -48,25 +49,23 @@ class Grid:
     n_orders: int
     n_seeds: int
     ok_range: tuple  # (fewest, most) ok runs in a cell
-    credible_note: str | None  # how credibility was decided; None when tables has no "bayes"
+    credible_note: str  # how credibility was decided (the Bayesian comparison's settings)
 
 
-def grids(tables: dict, metric: str = "acc") -> list[list[Grid]]:
+def grids(tables: AnalysisResult, metric: str = "acc") -> list[list[Grid]]:
     """Per dataset (sorted), the metric's grid and then forgetting's (once if metric is forgetting)."""
     if metric not in METRICS:
         raise ValueError(f"metric {metric!r} is not one of {', '.join(METRICS)}")
-    methods = tables["methods"]
-    regimes = regime_order(tables["runs"])
-    scale = percent_scale(tables["runs"])
-    bayes = tables.get("bayes")  # absent until the analysis computes it: no marks then
+    regimes = regime_order(tables.runs)
+    scale = percent_scale(tables.runs)
     shown = (metric,) if metric == "forgetting" else (metric, "forgetting")
-    note = _credible_note(tables) if bayes is not None else None
-    return [[_grid(sub, tables["runs"], ds, m, regimes, scale, bayes, note) for m in shown]
-            for ds, sub in methods.groupby("dataset", sort=True)]
+    note = _credible_note(tables.settings)
+    return [[_grid(sub, tables.runs, ds, m, regimes, scale, tables.bayes, note) for m in shown]
+            for ds, sub in tables.methods.groupby("dataset", sort=True)]
 
 
-def _grid(sub: pd.DataFrame, runs: pd.DataFrame, ds, metric: str, order, scale: float, bayes,
-          note: str | None) -> Grid:
+def _grid(sub: pd.DataFrame, runs: pd.DataFrame, ds, metric: str, order, scale: float, bayes: pd.DataFrame,
+          note: str) -> Grid:
     present = set(sub["regime"])
     regimes = tuple(r for r in order if r in present)
     cells = {}
@@ -76,7 +75,7 @@ def _grid(sub: pd.DataFrame, runs: pd.DataFrame, ds, metric: str, order, scale: 
             half = (getattr(r, f"{metric}_hi") - getattr(r, f"{metric}_lo")) / 2
             cells[(r.method, r.regime)] = Cell(mean * scale, half * scale, int(r.n_flagged))
     cells = _mark_best(cells, regimes, METRICS[metric].higher_is_better)
-    if bayes is not None and metric == CREDIBLE_METRIC:
+    if metric == CREDIBLE_METRIC:
         cells = _mark_credible(cells, regimes, bayes[bayes["dataset"] == ds])
     ds_runs = runs[runs["dataset"] == ds]
     ok = sub["n_ok"]
@@ -124,25 +123,11 @@ def _decided_for(rows: pd.DataFrame, best, runner) -> bool:
     return False
 
 
-def _credible_note(tables: dict) -> str:
-    """'Bayesian signed-rank test ..., ROPE r ACC points, P >= level', with what the tables say."""
-    rope = rope_points(tables)
-    settings = tables.get("settings")
-    level = float(settings["credible"].iloc[0]) if settings is not None and "credible" in settings \
-        and len(settings) else math.nan
-    return ("Bayesian signed-rank test over paired task orders"
-            + ("" if math.isnan(rope) else f", ROPE {rope:g} ACC point{'' if rope == 1 else 's'}")
-            + ("" if math.isnan(level) else f", P ≥ {level:g}"))
-
-
-def rope_points(tables: dict) -> float:
-    """The ROPE of tables["bayes"] in ACC points (NaN when unknown or not one value)."""
-    settings = tables.get("settings")
-    if settings is not None and "rope_points" in settings and len(settings):
-        return float(settings["rope_points"].iloc[0])
-    # bayes["rope"] is on the scale accuracies are stored in (a fraction), not in points
-    values = set(pd.to_numeric(tables["bayes"].get("rope", pd.Series(dtype=float)), errors="coerce").dropna())
-    return float(values.pop()) * percent_scale(tables["runs"]) if len(values) == 1 else math.nan
+def _credible_note(settings: AnalysisSettings) -> str:
+    """'Bayesian signed-rank test ..., ROPE r ACC points, P >= level', with the analysis' settings."""
+    rope = settings.rope_points
+    return (f"Bayesian signed-rank test over paired task orders, ROPE {rope:g} ACC point{'' if rope == 1 else 's'}"
+            f", P ≥ {settings.credible:g}")
 
 
 def _caption(g: Grid) -> str:
@@ -162,14 +147,14 @@ def _legend(g: Grid, ranked_flagged: bool) -> list[tuple[str, str]]:
     if any(c.n_flagged for c in g.cells.values()):
         policy = "ranked anyway (--include-flagged)" if ranked_flagged else "left out of rank statistics"
         out.append(("flag", f"N runs of the cell have learning-check warnings; included in these means, {policy}."))
-    if g.credible_note is not None and g.metric == CREDIBLE_METRIC:
+    if g.metric == CREDIBLE_METRIC:
         out.append(("credible", f"credibly better than the regime's runner-up ({g.credible_note})."))
     return out
 
 
-def _flag_policy(tables: dict) -> bool:
+def _flag_policy(tables: AnalysisResult) -> bool:
     """True when flagged runs entered the rank statistics (analyse(..., include_flagged=True))."""
-    runs = tables["runs"]
+    runs = tables.runs
     flagged = runs[runs["flagged"].astype(bool)]
     return bool(flagged["ranked"].any()) if len(flagged) else False
 
@@ -184,7 +169,7 @@ def md_escape(text) -> str:
     return _MD_SPECIAL.sub(r"\\\1", terminal_safe(text))
 
 
-def report_markdown(tables: dict, metric: str = "acc") -> str:
+def report_markdown(tables: AnalysisResult, metric: str = "acc") -> str:
     """Per dataset: the metric's and forgetting's method x regime tables as GitHub Markdown."""
     ranked_flagged = _flag_policy(tables)
     parts = ["# cl-bench report"]
@@ -237,7 +222,7 @@ def _tex_prose(text: str) -> str:
             .replace("≥", r"$\geq$"))
 
 
-def report_latex(tables: dict, metric: str = "acc") -> str:
+def report_latex(tables: AnalysisResult, metric: str = "acc") -> str:
     """Per dataset: the metric's and forgetting's method x regime tables as booktabs LaTeX."""
     ranked_flagged = _flag_policy(tables)
     parts = ["% cl-bench report; needs \\usepackage{booktabs}"]

@@ -1,0 +1,88 @@
+"""Static HTML leaderboard: analysis tables -> page view-models -> jinja2 templates -> a folder of pages.
+
+Self-contained: CSS, SVG and the one script are inlined (templates.py), links are relative, so
+the site opens from file:// and can be copied anywhere. One module per job: `filters` (text the
+templates print), `templates` (where templates and static files live), `writer` (owns and prunes
+the output folder), and one view-model module per page type (`overview`, `dataset`, `method`,
+`run`; `sections` for what the overview and dataset pages share). Chart geometry is computed in
+outputs/charts.py, diagnostics are aggregated in analysis/diagnostics.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...analysis.frame import FLAG, percent_scale, regime_order
+from ...analysis.result import AnalysisResult
+from ...analysis.tables import analyse
+from ...config.specs import RunRecord
+from ...config.vocabulary import WARNINGS
+from .. import charts
+from . import dataset, method, overview, run
+from .filters import slug
+from .templates import assets, environment
+from .writer import SiteWriter
+
+__all__ = ["build_site", "site_summary_line", "slug"]  # slug: how a page's file is named after its subject
+
+
+def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | None = None,
+               include_flagged: bool = False, rope: float = 1.0) -> Path:
+    """Render the whole leaderboard for a list of records; returns index.html's path.
+
+    Flagged runs (learning-check warnings) are shown and marked everywhere, and left out of
+    the rankings unless include_flagged. rope: region of practical equivalence of the Bayesian
+    comparisons, in ACC points.
+    """
+    tables = analyse(records, include_flagged=include_flagged, rope=rope)
+    base = _base(tables, records, results_dir=results_dir, include_flagged=include_flagged, rope=rope)
+    infos = method.method_infos()
+    # on leaving the block: files of the previous build this one did not write are pruned
+    with SiteWriter(Path(out_dir), environment(), base) as w:
+        index = overview.page(w, tables, records)
+        for ds in base["datasets"]:
+            dataset.page(w, tables, ds)
+        for m in base["methods"]:
+            method.page(w, tables, records, m, infos)
+        for rec in records:
+            run.page(w, rec)
+    return index
+
+
+def _base(t: AnalysisResult, records: list[RunRecord], **settings) -> dict:
+    """What every page shows or needs: protocol, data sets, methods, regimes and their colours."""
+    frame = t.runs
+    regimes = regime_order(frame)
+    methods = sorted(frame["method"].unique())
+    colours = charts.regime_colours(regimes)
+    return {"protocol": _protocol(records), "scale": percent_scale(frame), "regimes": regimes,
+            "regime_colour": colours, "regime_info": _regime_info(t), "assets": assets(colours),
+            "method_colour": {m: charts.METHOD_COLOURS[i % len(charts.METHOD_COLOURS)] for i, m in enumerate(methods)},
+            "datasets": sorted(frame["dataset"].unique()), "methods": methods, "flag": FLAG,
+            "warning_text": WARNINGS, "scenarios": sorted({r.spec.scenario for r in records}), **settings}
+
+
+def _protocol(records) -> dict:
+    names = sorted({r.spec.protocol for r in records})
+    versions = sorted({r.spec.protocol_version for r in records})
+    return {"name": ", ".join(names), "version": ", ".join(versions), "cli_name": names[0] if names else ""}
+
+
+def _regime_info(t: AnalysisResult) -> dict[str, dict]:
+    """Per regime: its family, the median trainable fraction and count over data sets, and each
+    data set's own (backbones differ between data sets, so do their fractions)."""
+    out = {}
+    for rg, sub in t.regimes.groupby("regime", sort=False):
+        per = [{"dataset": r["dataset"], "fraction": r["fraction"], "trainable": r["trainable"], "total": r["total"]}
+               for r in charts.records_of(sub)]
+        out[rg] = {"family": str(sub["family"].iloc[0]), "fraction": charts.clean(float(sub["fraction"].median())),
+                   "trainable": charts.clean(float(sub["trainable"].median())), "per_dataset": per,
+                   "same": len({(r["fraction"], r["trainable"]) for r in per}) <= 1}
+    return out
+
+
+def site_summary_line(path) -> str:
+    """One line for the terminal: where the site is and how many pages it has."""
+    p = Path(path)
+    index = p / "index.html" if p.is_dir() else p
+    n = sum(1 for _ in index.parent.rglob("*.html"))
+    return f"leaderboard: {index.resolve()} ({n} pages; open it in a browser, no server needed)"

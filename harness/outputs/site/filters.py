@@ -1,0 +1,50 @@
+"""Text the templates print: numbers, p-values, counts, slugs and flag hover texts (jinja2 filters).
+
+Pure functions of one value each; `FILTERS` is what templates.environment() registers.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from ...config.vocabulary import WARNINGS
+from ..charts import fraction_text, ok as _ok
+from ..formatting import num, p_eq, p_text, percent
+
+
+def slug(name: str) -> str:
+    """File-name-safe, collision-free slug of any string (readable prefix + short hash)."""
+    base = re.sub(r"[^A-Za-z0-9]+", "-", str(name)).strip("-").lower()[:40] or "x"
+    return f"{base}-{hashlib.sha1(str(name).encode()).hexdigest()[:6]}"
+
+
+def value(x, digits: int = 4) -> str:
+    """A diagnostic value: whole numbers as integers (memory dimensions, epochs), others fixed-point."""
+    return str(int(x)) if _ok(x) and float(x).is_integer() and abs(x) < 1e15 else num(x, digits)
+
+
+def listing(values) -> str:
+    """Distinct values joined by " · " (one value: just it)."""
+    return " · ".join(str(v) for v in values) if values else "—"
+
+
+def thousands(x) -> str:
+    """A whole number with thousands separators (1,234), or an em dash for missing values."""
+    return f"{round(x):,}" if _ok(x) else "—"
+
+
+def flag_title(codes: str) -> str:
+    """Hover text of a flag mark: each comma-joined warning code with its meaning."""
+    items = [c for c in str(codes or "").split(",") if c]
+    # Unknown codes (records from another harness version) are shown without a meaning.
+    if not items:
+        return ""
+    return "learning-check warnings: " + "; ".join(f"{c} ({WARNINGS[c]})" if c in WARNINGS else c for c in items)
+
+
+FILTERS = {"num": num, "pct": percent, "slug": slug,
+           "tojson_compact": lambda v: json.dumps(v, default=str),
+           "tojson_pretty": lambda v: json.dumps(v, indent=1, default=str),
+           "thousands": thousands, "flag_title": flag_title, "p": p_text, "p_eq": p_eq,
+           "prob": lambda x: num(x, 3), "listing": listing, "val": value, "frac": fraction_text}

@@ -1,0 +1,92 @@
+"""View-model of the overview page (index.html): the headline, setup, global ranking, power, coverage."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from ...analysis.families import families_in
+from ...analysis.result import AnalysisResult
+from ...analysis.tables import headline
+from ...config.vocabulary import FAMILY_DESCRIPTIONS, Status
+from .. import charts
+from ..charts import records_of
+from . import sections
+from .writer import SiteWriter
+
+# (link text, table): the overview's downloads after the runs, rankings and budget
+DOWNLOADS = (("design power", "power"), ("credible reversals", "credible_reversals"),
+             ("degenerate regimes", "degenerate"), ("regimes (family, trainable fraction)", "regimes"),
+             ("within vs across families", "families"), ("τ by family pair", "family_tau"),
+             ("W per family", "family_w"), ("methods absent by design", "absent"))
+
+
+def page(w: SiteWriter, t: AnalysisResult, records) -> Path:
+    """Render index.html; returns its path."""
+    frame = t.runs
+    status = frame.groupby(["dataset", "status"]).size().unstack(fill_value=0)
+    flagged_per = frame.groupby("dataset")["flagged"].sum()
+    gr = t.global_ranks
+    tables = t.tables()
+    downloads = {"global ranking": w.table(gr, "global_ranks"), "coverage": w.table(t.coverage, "coverage"),
+                 "all runs": w.table(frame, "runs"), "agreement (W across regimes)": w.table(t.w_regimes, "w_regimes"),
+                 "flagged runs": w.table(t.flagged, "flagged"), "training budget": w.table(t.budget, "budget")}
+    downloads.update({name: w.table(tables[key], key) for name, key in DOWNLOADS})
+    ctx = {
+        "title": "Overview", "n_runs": len(frame),
+        "status_counts": frame["status"].value_counts().to_dict(),
+        "status_table": [{"dataset": ds, **{k: int(v) for k, v in row.items()}, "_flagged": int(flagged_per[ds])}
+                         for ds, row in status.iterrows()],
+        "statuses": list(status.columns),
+        "headline": headline(t), "setup": _setup(records, frame),
+        "families": sections.families(t, None, w.base["regimes"]),
+        "family_descriptions": {f: FAMILY_DESCRIPTIONS.get(f, "") for f in families_in(w.base["regimes"])},
+        "power": sections.power(t.power), "bayes_blind": _bayes_blind(t.power),
+        "flagged": records_of(t.flagged), "budget": _budget_summary(t.budget),
+        "unranked": [r for r in w.base["regimes"] if r not in set(gr["regime"])],
+        "global": {rg: records_of(sub) for rg, sub in gr.groupby("regime", sort=False)},
+        "global_chart": charts.rank_whiskers(gr, w.base["regimes"]),
+        "failed": records_of(frame[frame["status"] != Status.OK][["run_id", "dataset", "regime", "method", "order", "seed",
+                                                              "status", "error"]]),
+        "w_regimes": records_of(t.w_regimes),
+        "downloads": downloads,
+    }
+    return w.page("index.html", "index.html", **ctx)
+
+
+def _setup(records, frame: pd.DataFrame) -> dict:
+    """Scenario, pre-training and training budget of the records' specs (every distinct value)."""
+    specs = [r.spec for r in records]
+
+    def values(get) -> list:
+        return sorted({_text(get(s)) for s in specs}, key=str)
+
+    ok_steps = frame.loc[frame["status"] == Status.OK, "optimizer_steps"].dropna()
+    # A pretrained backbone is a mapping ({dataset: ..} or {checkpoint: .., sha256: ..}): shown by its label.
+    return {"scenario": values(lambda s: s.scenario), "pretrain": values(lambda s: s.pretrain.label),
+            "epochs": values(lambda s: s.training.epochs), "batch_size": values(lambda s: s.training.batch_size),
+            "optimizer": values(lambda s: s.training.optimizer), "lr": values(lambda s: s.training.lr),
+            "momentum": values(lambda s: s.training.momentum),
+            "weight_decay": values(lambda s: s.training.weight_decay),
+            "steps": float(ok_steps.mean()) if len(ok_steps) else None}
+
+
+def _text(v) -> str:
+    """A spec value as one line (mappings as compact JSON: `{checkpoint: PATH}` pre-training)."""
+    return json.dumps(v, sort_keys=True, default=str) if isinstance(v, (dict, list)) else str(v)
+
+
+def _bayes_blind(pw: pd.DataFrame) -> dict:
+    """How many (dataset, regime) Bayesian comparisons cannot reach the credible level at all:
+    there, "no credible reversal" says nothing about agreement."""
+    b = pw[pw["test"] == "bayes-signed-rank"]
+    return {"n": int((~b["reachable"].astype(bool)).sum()), "of": len(b)}
+
+
+def _budget_summary(budget: pd.DataFrame) -> dict:
+    """Per-method budget rows, and whether methods differ (the overview shows the table only then)."""
+    rows = records_of(budget)
+    rel = [r["relative_steps"] for r in rows if r["relative_steps"] is not None]
+    # 1% slack: steps follow the sample counts, which differ a little between task orders.
+    return {"rows": rows, "differs": bool(rel) and max(rel) - min(rel) > 0.01}

@@ -1,0 +1,112 @@
+"""View-model of a run page: one record's accuracy matrices, metrics, budget, norms, diagnostics, provenance."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...analysis.diagnostics import named_series, series, sweeps
+from ...config.specs import RunRecord
+from ...config.vocabulary import WARNINGS
+from ...execution.reproduce import reproduce_command
+from .. import charts
+from ..charts import ok
+from .filters import slug
+from .method import sweep_panels
+from .writer import SiteWriter
+
+
+def page(w: SiteWriter, rec: RunRecord) -> Path:
+    """Render runs/<slug>.html for one record; returns its path."""
+    rid = rec.run_id
+    norms = rec.update_norms or {}
+    ctx = {"title": f"run {rid}", "rec": rec, "spec": rec.spec.to_dict(),
+           "cmd": reproduce_command(rid, w.base["results_dir"]),
+           "method": rec.method, "dataset": rec.dataset,
+           "matrices": _matrices(rec), "metric_rows": _metric_rows(rec),
+           "norm_rows": _norm_rows(norms), "shared": series(norms.get("shared")) or [],
+           "diagnostics": named_series(rec.diagnostics),
+           "sweeps": sweep_panels(sweeps([rec], w.base["regimes"]), w.base["scale"]),
+           "timings": _timings(rec.timings or {}), "provenance": _provenance(rec.provenance or {}),
+           "warnings": _warning_rows(rec.warnings), "budget": _budget_rows(rec.budget or {})}
+    return w.page("run.html", f"runs/{slug(rid)}.html", **ctx)
+
+
+def _matrices(rec: RunRecord) -> list[dict]:
+    """The accuracy matrix; for a class-IL run also the task-aware (masked) one, labelled."""
+    aware = getattr(rec, "acc_matrix_task_aware", None)
+    if aware is None:
+        return [{"label": "", "m": charts.matrix_cells(rec.acc_matrix or []), "slug": "accuracy-matrix"}]
+    return [{"label": "class-IL (no task id at test time)", "m": charts.matrix_cells(rec.acc_matrix or []),
+             "slug": "accuracy-matrix-class-il"},
+            {"label": "task-aware (predictions masked to the task's classes)", "m": charts.matrix_cells(aware),
+             "slug": "accuracy-matrix-task-aware"}]
+
+
+def _metric_rows(rec: RunRecord) -> list[dict]:
+    """Per-run metrics (and, for class-IL runs, their task-aware counterparts) as labelled rows."""
+    rows = [{"label": "class-IL" if getattr(rec, "acc_matrix_task_aware", None) is not None else "",
+             "metrics": rec.metrics or {}}]
+    aware = getattr(rec, "metrics_task_aware", None)
+    if isinstance(aware, dict) and aware:
+        rows.append({"label": "task-aware", "metrics": aware})
+    keys = list(dict.fromkeys(k for r in rows for k in r["metrics"]))
+    return [{**r, "keys": keys} for r in rows if r["metrics"]]
+
+
+def _timings(timings: dict) -> list[tuple[str, str]]:
+    """Timings as (name, text): seconds to 2 decimals, per-task lists joined."""
+    out = []
+    for k, v in timings.items():
+        if ok(v):
+            out.append((k, f"{v:.2f}"))
+        elif isinstance(v, list):
+            out.append((k, ", ".join(f"{x:.2f}" if ok(x) else "—" for x in v)))
+        else:
+            out.append((k, json.dumps(v, default=str)))
+    return out
+
+
+def _provenance(prov: dict) -> list[dict]:
+    """Provenance rows: text, a flat mapping as inline pairs, anything nested as a JSON box."""
+    rows = []
+    for k, v in prov.items():
+        if isinstance(v, dict) and all(not isinstance(x, (dict, list)) for x in v.values()):
+            rows.append({"key": k, "pairs": [(kk, "" if vv is None else str(vv)) for kk, vv in v.items()]})
+        elif isinstance(v, (dict, list)):
+            rows.append({"key": k, "json": v})
+        else:
+            rows.append({"key": k, "text": "" if v is None else str(v)})
+    return rows
+
+
+def _warning_rows(warnings: list) -> list[dict]:
+    """A record's warnings with 1-based task numbers and each code's meaning."""
+    return [{"task": w["task"] + 1 if ok(w.get("task")) else None, "code": str(w.get("code", "")),
+             "meaning": WARNINGS.get(w.get("code"), ""), "message": str(w.get("message", ""))}
+            for w in warnings or [] if isinstance(w, dict)]
+
+
+def _budget_rows(budget: dict) -> dict:
+    """Totals and per-task steps, samples and epochs per training stage of a record's budget."""
+    per = [budget.get(k) if isinstance(budget.get(k), list) else [] for k in
+           ("steps_per_task", "samples_per_task", "epochs_per_stage")]
+    tasks = [{"task": t + 1, "steps": _at(per[0], t), "samples": _at(per[1], t),
+              "stages": _stages(_at(per[2], t))}
+             for t in range(max(map(len, per)))]
+    return {"steps": budget.get("optimizer_steps"), "samples": budget.get("samples_seen"), "tasks": tasks}
+
+
+def _stages(epochs) -> str:
+    """Epochs of a task's training stages as "1 + 1" (one stage: "2")."""
+    return " + ".join(map(str, epochs)) if isinstance(epochs, list) else ("" if epochs is None else str(epochs))
+
+
+def _at(seq: list, i: int):
+    """seq[i], or None past its end (a failed run's budget stops at its last task)."""
+    return seq[i] if i < len(seq) else None
+
+
+def _norm_rows(norms: dict) -> list[tuple[str, list]]:
+    rows = [(k, series(norms.get(k))) for k in ("shared", "relative", "step_forgetting")]
+    rows += [(f"block {b}", series(v)) for b, v in (norms.get("per_block") or {}).items()]
+    return [(k, v) for k, v in rows if v is not None]
