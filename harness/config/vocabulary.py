@@ -44,6 +44,8 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_NAME = 100  # a protocol name is a folder under --results: keep it well below NAME_MAX
 NAME_RULE = f"up to {MAX_NAME} letters, digits, '.', '_', '-'"
 ENTRY_POINT_GROUP = "cl_bench.methods"
+# Plug-ins beyond methods (harness/api/plugins.py): the entry-point group of each kind.
+PLUGIN_GROUPS = {"backbone": "cl_bench.backbones", "dataset": "cl_bench.datasets", "regime": "cl_bench.regimes"}
 
 
 def is_valid_name(name) -> bool:
@@ -75,15 +77,18 @@ FAMILY_DESCRIPTIONS = {
 }
 REGIME_GRAMMAR = ("head, full, last-k, bitfit, norm, lora-rR, or last-k:bitfit, last-k:norm, last-k:lora-rR "
                   "(k >= 1 up to the model's depth, R >= 1)")
-MAX_LORA_RANK = 4096
+MAX_LORA_RANK = 4096  # the largest argument of any family (lora's rank R)
+# The subspace families' grammar: the letter of a family's integer argument (`lora-r4`), None for a
+# family written by its name alone. Plug-in families (harness/api/plugins.py) add theirs.
+FAMILY_ARGUMENTS = {"bitfit": None, "norm": None, "lora": "r"}
 _LAST_K = re.compile(r"^last-([1-9][0-9]*)$")
-_LORA = re.compile(r"^lora-r([1-9][0-9]*)$")
+_FAMILY = re.compile(r"^([a-z][a-z0-9]*)(?:-([a-z])([1-9][0-9]*))?$")
 
 
 @dataclass(frozen=True)
 class Regime:
     """A parsed regime name: `depth` shared blocks train (None: all of them; 0: `head`), and within
-    them what `family` selects (`rank` for lora)."""
+    them what `family` selects (`rank`: the family's integer argument, lora's rank R)."""
 
     name: str
     depth: int | None
@@ -116,12 +121,20 @@ def parse_regime(name) -> Regime:
 
 
 def _family_part(part: str, whole: str) -> tuple[str, int | None]:
-    if part in ("bitfit", "norm"):
-        return part, None
-    match = _LORA.match(part)
-    if match and int(match.group(1)) <= MAX_LORA_RANK:
-        return "lora", int(match.group(1))
-    raise ValueError(f"unknown regime {whole!r}; allowed: {REGIME_GRAMMAR}")
+    match = _FAMILY.match(part)
+    if match and match.group(1) in FAMILY_ARGUMENTS and FAMILY_ARGUMENTS[match.group(1)] == match.group(2):
+        argument = int(match.group(3)) if match.group(3) else None
+        if argument is None or argument <= MAX_LORA_RANK:
+            return match.group(1), argument
+    plugins = [f for f in FAMILY_ARGUMENTS if f not in REGIME_FAMILIES]
+    also = f"; plug-in families: {', '.join(plugins)}" if plugins else ""
+    raise ValueError(f"unknown regime {whole!r}; allowed: {REGIME_GRAMMAR}{also}")
+
+
+def runs_under_family(family: str, declared) -> bool:
+    """A method runs under the families it declares; one declaring every built-in family also under
+    plug-in families (it does not depend on which parameters train)."""
+    return family in declared or (family not in REGIME_FAMILIES and set(REGIME_FAMILIES) <= set(declared))
 
 
 def is_regime_name(name) -> bool:
@@ -134,7 +147,7 @@ def is_regime_name(name) -> bool:
 
 
 def regime_family(name: str) -> str:
-    """The regime's family: depth, bitfit, norm or lora."""
+    """The regime's family: depth, bitfit, norm, lora or a plug-in family."""
     return parse_regime(name).family
 
 
@@ -155,7 +168,7 @@ def regime_sort_key(name: str) -> tuple:
         r = parse_regime(name)
     except ValueError:
         return (9, 0, 0, 0, str(name))
-    family = REGIME_FAMILIES.index(r.family)
+    family = REGIME_FAMILIES.index(r.family) if r.family in REGIME_FAMILIES else len(REGIME_FAMILIES)
     if r.depth == 0:
         return (0, 0, 0, 0, name)
     if r.depth is None:
@@ -220,7 +233,7 @@ class DatasetFacts:
 
     n_classes: int
     default_model: str
-    source: str  # "embedded" (ships with a package) or "torchvision" (--data-dir, --download)
+    source: str  # "embedded" (ships with a package), "torchvision" (--data-dir, --download) or "plug-in"
 
 
 DATASETS = {
@@ -232,7 +245,6 @@ DATASETS = {
     "qmnist": DatasetFacts(10, "small-cnn", "torchvision"),
     "cifar100": DatasetFacts(100, "resnet18-reduced", "torchvision"),
 }
-DATASET_NAMES = tuple(DATASETS)
 NPZ_PREFIX = "npz:"
 USER_DATA_DEFAULT_MODEL = "mlp"
 
