@@ -168,6 +168,7 @@ def test_the_private_name_check_catches_both_forms(tmp_path, monkeypatch):
 
 TORCH_FREE = ("harness.cli", "harness.cli.parser", "harness.cli.requests", "harness.config.vocabulary",
               "harness.config.protocol", "harness.config.specs", "harness.config.paths", "harness.api.index",
+              "harness.api.plugins",
               "harness.analysis.tables", "harness.execution.store", "harness.execution.plan")
 
 

@@ -66,7 +66,7 @@ def test_bad_protocol_file_exits_2(tmp_path, capsys):
     assert main(["run", "--protocol", str(bad), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"cl-bench: error: {bad}: epochs: unknown key; allowed: " + ", ".join(
-        ("name", "version", "description", "scenario", "pretrain", "datasets", "regimes", "methods",
+        ("name", "version", "description", "scenario", "pretrain", "plugins", "datasets", "regimes", "methods",
          "task_orders", "seeds", "training", "evaluation", "resources"))
 
 

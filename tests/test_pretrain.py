@@ -35,16 +35,6 @@ def isolated(monkeypatch, tmp_path):
     torch.set_num_threads(1)
 
 
-@pytest.fixture
-def with_resnet18(monkeypatch):
-    """models.BUILDERS with the resnet18 entry (the other engineer adds the same line to models.py)."""
-    from harness.run import models
-    from harness.run.resnet import resnet18_blocks
-
-    pool = {"pool": lambda: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())}
-    monkeypatch.setitem(models.BUILDERS, "resnet18", (resnet18_blocks, lambda kw: 512, pool))
-
-
 def one_line_error(call, *parts, kind=PretrainError) -> str:
     with pytest.raises(kind) as info:
         call()
@@ -541,7 +531,7 @@ def tv_features(net, x):
         return net(x)
 
 
-def test_mapped_torchvision_weights_give_torchvision_features(with_resnet18):
+def test_mapped_torchvision_weights_give_torchvision_features():
     from harness.run.models import build_model
     from harness.run.pretrain import load_backbone
     from harness.run.resnet import torchvision_to_blocks
@@ -557,7 +547,7 @@ def test_mapped_torchvision_weights_give_torchvision_features(with_resnet18):
     assert torch.allclose(got, tv_features(tv, x), atol=1e-5, rtol=1e-5)
 
 
-def test_one_channel_adaptation_equals_the_grey_image_on_three_channels(with_resnet18):
+def test_one_channel_adaptation_equals_the_grey_image_on_three_channels():
     from harness.run.models import build_model
     from harness.run.pretrain import load_backbone
     from harness.run.resnet import torchvision_to_blocks
@@ -571,7 +561,7 @@ def test_one_channel_adaptation_equals_the_grey_image_on_three_channels(with_res
     assert torch.allclose(got, tv_features(tv, grey.repeat(1, 3, 1, 1)), atol=1e-4, rtol=1e-4)
 
 
-def test_three_channel_mapping_has_every_key_and_drops_fc(with_resnet18):
+def test_three_channel_mapping_has_every_key_and_drops_fc():
     from harness.run.models import build_model
     from harness.run.resnet import torchvision_to_blocks
 
@@ -590,7 +580,7 @@ def torchvision_spec(model="resnet18"):
     return make_spec(pretrain=parse({"torchvision": "IMAGENET1K_V1"}), dataset=DatasetSpec("digits", 5, 2, model))
 
 
-def test_torchvision_weights_without_download_or_file_is_one_line(tmp_path, with_resnet18):
+def test_torchvision_weights_without_download_or_file_is_one_line(tmp_path):
     expected = tmp_path / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
     one_line_error(lambda: blocks(torchvision_spec()), f"weights file {expected} not found",
                    "pass --download", "put the file there")
@@ -598,7 +588,7 @@ def test_torchvision_weights_without_download_or_file_is_one_line(tmp_path, with
                    "allowed: model: resnet18")
 
 
-def test_torchvision_weights_load_from_the_torch_hub_cache(tmp_path, with_resnet18):
+def test_torchvision_weights_load_from_the_torch_hub_cache(tmp_path):
     from harness.run.models import build_model
     from harness.run.pretrain import load_backbone, pretrained_backbone
 

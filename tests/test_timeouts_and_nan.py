@@ -20,15 +20,19 @@ SLOW_SETUP = '''
     import time
 
     if multiprocessing.parent_process() is not None:
-        from harness.run import datasets
+        import dataclasses
 
-        load = datasets.EMBEDDED["digits"]
+        from harness.api import plugins
+        from harness.run import datasets  # noqa: F401  (registers the built-in data sets)
 
-        def slow_first_load(**kw):
+        digits = plugins.lookup("dataset", "digits").plugin
+        load = digits.load
+
+        def slow_first_load(*args):
             time.sleep(3)
-            return load(**kw)
+            return load(*args)
 
-        datasets.EMBEDDED["digits"] = slow_first_load
+        plugins.register_builtins(dataclasses.replace(digits, load=slow_first_load))
 
     ADAPTERS = ()
     '''

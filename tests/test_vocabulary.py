@@ -65,19 +65,19 @@ def test_enums_serialise_as_their_strings():
 
 
 def test_backbones_name_their_blocks_as_the_vocabulary_does():
-    from harness.run.models import BUILDERS, build_model, trainable_block_names
+    from harness.run.models import PLUGINS, build_model, trainable_block_names
 
     shapes = {"mlp": (1, 8, 8), "mlp-bn": (1, 8, 8), "cnn1d": (40,), "small-cnn": (1, 28, 28), "resnet18-reduced": (3, 32, 32),
               "resnet18": (3, 32, 32)}
-    assert set(BUILDERS) == set(v.MODELS) == set(shapes)
+    assert {b.name for b in PLUGINS} == set(v.MODELS) == set(shapes)
     for name, facts in v.MODELS.items():
         assert trainable_block_names(build_model(name, shapes[name], 2, 2)) == list(facts.blocks)
 
 
 def test_every_dataset_of_the_vocabulary_has_a_loader():
-    from harness.run.datasets import EMBEDDED, TORCHVISION
+    from harness.run.datasets import PLUGINS
 
-    assert set(EMBEDDED) | set(TORCHVISION) == set(v.DATASETS)
+    assert {d.name for d in PLUGINS} == set(v.DATASETS)
     assert all(f.default_model in v.MODELS for f in v.DATASETS.values())
 
 

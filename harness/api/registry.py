@@ -1,4 +1,11 @@
-"""The one method registry: built-ins, `submissions/`, explicit files and entry points."""
+"""The one registry: methods and plug-ins from built-ins, `submissions/`, explicit files and entry points.
+
+A file (`--method`, `--plugin`, a protocol's `plugins:`, `submissions/*.py`) may define methods
+(`NAME`/`DEFAULTS`/`build` or `ADAPTERS`), plug-ins (`PLUGINS`: backbones, data sets, regime
+families; harness/api/plugins.py) or both. Methods are returned as the registry; plug-ins are
+registered for the whole process (the vocabulary learns their names), so every later lookup by
+name (protocol, engine, worker) finds them.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -11,21 +18,20 @@ import pkgutil
 import sys
 from pathlib import Path
 
-from ..config.errors import UserError
 from ..config.paths import submission_files, submissions_dir
-from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, Family
+from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, PLUGIN_GROUPS, Family
+from . import plugins
 from .contract import MethodAdapter
+from .plugins import RegistryError
 
 METHODS_PACKAGE = "harness.methods"  # one module per built-in method family, nothing else
-
-class RegistryError(UserError, ValueError):
-    """A method module is unusable; the message names the file and the reason."""
-
 
 def adapters_from_module(module, source: str) -> list[MethodAdapter]:
     """The adapters a module defines (`ADAPTERS`, or the `NAME`/`DEFAULTS`/`build` form)."""
     if isinstance(module, MethodAdapter):  # an entry point may name an adapter object directly
         return [validate_adapter(module, source)]
+    if hasattr(module, "PLUGINS") and not any(hasattr(module, a) for a in ("ADAPTERS", "NAME")):
+        return []  # a plug-in file: no method
     if hasattr(module, "ADAPTERS"):
         adapters = module.ADAPTERS
         if not isinstance(adapters, (list, tuple)) or not all(isinstance(a, MethodAdapter) for a in adapters):
@@ -34,7 +40,7 @@ def adapters_from_module(module, source: str) -> list[MethodAdapter]:
     missing = [a for a in ("NAME", "DEFAULTS", "build") if not hasattr(module, a)]
     if missing:
         raise RegistryError(f"{source}: missing {', '.join(missing)}; an adapter module defines "
-                            "NAME (str), DEFAULTS (dict) and build(ctx, **hparams)")
+                            "NAME (str), DEFAULTS (dict) and build(ctx, **hparams) (a plug-in file: PLUGINS)")
     adapter = MethodAdapter(module.NAME, module.DEFAULTS, module.build, source=source,
                             description=str(getattr(module, "DESCRIPTION", "") or (module.__doc__ or "").strip().split("\n")[0]),
                             reference=str(getattr(module, "REFERENCE", "")),
@@ -141,10 +147,10 @@ def builtin_modules():
             yield importlib.import_module(f"{METHODS_PACKAGE}.{info.name}"), f"{METHODS_PACKAGE}.{info.name}"
 
 
-def _entry_point_modules():
+def _entry_point_modules(group: str = ENTRY_POINT_GROUP):
     from importlib.metadata import entry_points
 
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
+    for ep in entry_points(group=group):
         try:
             yield ep.load(), f"entry point {ep.name} ({ep.value})"
         except Exception as exc:
@@ -152,8 +158,22 @@ def _entry_point_modules():
                                 f"{type(exc).__name__}: {exc}") from None
 
 
-def discover(extra_files=(), include_submissions: bool = True, include_entry_points: bool = True) -> dict[str, MethodAdapter]:
-    """Build the registry; a name defined twice fails loudly with both sources."""
+def _plugin_entry_points() -> list:
+    """(object, source) of the installed plug-ins; each group holds declarations of its own kind."""
+    out = []
+    for kind, group in PLUGIN_GROUPS.items():
+        for obj, source in _entry_point_modules(group):
+            declared = plugins.plugins_of(obj, source)
+            wrong = [p.name for p in declared if p.kind != kind]
+            if wrong:
+                raise RegistryError(f"{source}: group {group} holds {kind}s only; {', '.join(wrong)} "
+                                    "belong(s) in the group of its kind")
+            out.append((obj, source))
+    return out
+
+
+def discover(extra_files=(), include_submissions: bool = True, include_entry_points: bool = True) -> "Registry":
+    """Build the registry and register the plug-ins; a name defined twice fails loudly with both sources."""
     # A file reached twice (submissions/ and --method, or an installed entry point's own file)
     # counts once.
     seen: set = set()
@@ -162,10 +182,15 @@ def discover(extra_files=(), include_submissions: bool = True, include_entry_poi
         sources += [(m, s, "file") for m, s in _file_modules(submission_files(), seen)]
     if include_entry_points:
         sources += [(m, s, "entry point") for m, s in _remember(list(_entry_point_modules()), seen)]
+        sources += [(m, s, "plug-in entry point") for m, s in _remember(_plugin_entry_points(), seen)]
     sources += [(m, s, "file") for m, s in _file_modules(extra_files, seen)]
-    registry: dict[str, MethodAdapter] = {}
+    registry = Registry(files=tuple(map(str, extra_files)))
     origin: dict[str, str] = {}
     for module, source, kind in sources:
+        if kind != "builtin":
+            _register_plugins(module, source, kind)
+        if kind == "plug-in entry point":
+            continue
         for adapter in adapters_from_module(module, source):
             if adapter.name in registry:
                 raise RegistryError(f"{source}: method name {adapter.name!r} is already defined by "
@@ -174,24 +199,56 @@ def discover(extra_files=(), include_submissions: bool = True, include_entry_poi
     return registry
 
 
-def identified(adapter: MethodAdapter, module, source: str, kind: str) -> MethodAdapter:
-    """The adapter with its `implementation`: what enters every run id of the method.
+def _register_plugins(module, source: str, kind: str) -> None:
+    """Register the backbones, data sets and regime families a file or entry point declares, if any."""
+    if not (kind == "plug-in entry point" or hasattr(module, "PLUGINS")):
+        return
+    declared = plugins.plugins_of(module, source)
+    if declared:
+        version = getattr(module, "VERSION", "1")
+        kind = "entry point" if kind == "plug-in entry point" else kind
+        plugins.register(declared, source, implementation(module, source, kind, version,
+                                                          plugins.function_of(declared[0])))
 
-    Built-ins declare a version; a method file is identified by its content, an entry point by
-    the content of the file that defines it, so an edited method never reuses old records.
+
+class Registry(dict):
+    """Method name -> adapter, and the files (methods and plug-ins) it was built with."""
+
+    def __init__(self, *args, files: tuple = (), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.files = files
+
+    def extended(self, files) -> "Registry":
+        """The registry with `files` loaded too (a protocol's `plugins:`)."""
+        return get_registry(tuple(dict.fromkeys((*self.files, *map(str, files)))))
+
+
+def identified(adapter: MethodAdapter, module, source: str, kind: str) -> MethodAdapter:
+    """The adapter with its `implementation`: what enters every run id of the method."""
+    found = implementation(module, source, kind, adapter.version, adapter.build)
+    if kind == "builtin":
+        return dataclasses.replace(adapter, implementation=found)
+    return dataclasses.replace(adapter, source=source, implementation=found)
+
+
+def implementation(module, source: str, kind: str, version: str = "1", function=None) -> str:
+    """The identity of a method's or plug-in's code that enters every run id using it.
+
+    Built-ins declare a version; a file is identified by its content, an entry point by the
+    content of the file that defines it, so edited code never reuses old records.
     """
     if kind == "builtin":
-        return dataclasses.replace(adapter, implementation=f"v{adapter.version}")
+        return f"v{version}"
     if kind == "file":
         path = Path(source)
     else:
-        path = getattr(module, "__file__", None) or inspect.getsourcefile(adapter.build)
+        path = getattr(module, "__file__", None) or (inspect.getsourcefile(function) if function else None)
     digest = file_sha256(path)[:16] if path and Path(path).is_file() else None
     if digest is None:  # no source to hash: the declared version is all there is
-        return dataclasses.replace(adapter, source=source, implementation=f"v{adapter.version}")
+        return f"v{version}"
     # a declared version still counts: it covers helper modules the hashed file imports
-    declared = "" if adapter.version == "1" else f"+v{adapter.version}"
-    return dataclasses.replace(adapter, source=source, implementation=f"sha256:{digest}{declared}")
+    declared = "" if version == "1" else f"+v{version}"
+    return f"sha256:{digest}{declared}"
 
 
 def _remember(sources: list, seen: set) -> list:
@@ -213,8 +270,8 @@ def _file_modules(paths, seen: set) -> list:
 _CACHE: dict = {}
 
 
-def get_registry(extra_files=()) -> dict[str, MethodAdapter]:
-    """The registry for this process (cached per set of extra files)."""
+def get_registry(extra_files=()) -> Registry:
+    """The registry for this process (cached per set of extra files); their plug-ins are registered."""
     # File contents are part of the key: an edited method file is re-read, not served stale.
     files = [*submission_files(), *map(Path, extra_files)]
     key = (tuple(str(p) for p in extra_files), str(submissions_dir().resolve()),

@@ -19,8 +19,9 @@ def _load(req: SweepRequest):
                   orders=req.orders)
 
 
-def _options(req: SweepRequest, submission: dict | None = None):
-    """The per-run options of a sweep request (after checking its device exists)."""
+def _options(req: SweepRequest, protocol, submission: dict | None = None):
+    """The per-run options of a sweep request (after checking its device exists); the workers register
+    the protocol's plug-in files with the request's method and plug-in files."""
     from ..execution.executors import RunOptions
     from ..execution.plan import SweepError
     from ..run.engine import resolve_device
@@ -30,7 +31,8 @@ def _options(req: SweepRequest, submission: dict | None = None):
     except ValueError as exc:
         raise SweepError(str(exc)) from None
     return RunOptions(data_dir=req.data_dir, download=req.download, device=req.device,
-                      method_files=req.method_files, timeout=req.run_timeout, threads=req.threads,
+                      method_files=(*req.method_files, *protocol.plugin_files), timeout=req.run_timeout,
+                      threads=req.threads,
                       submission=submission)
 
 
@@ -64,7 +66,7 @@ def run_command(req: SweepRequest) -> int:
     print(format_plan(protocol, plan, req.results, req.rope))
     if req.dry_run:
         return 0
-    return _exit_code(_sweep_and_report(req, protocol, plan, _options(req)))
+    return _exit_code(_sweep_and_report(req, protocol, plan, _options(req, protocol)))
 
 
 def _sweep_and_report(req: SweepRequest, protocol, plan, options, of: str = ""):
@@ -391,11 +393,11 @@ def check_command(req: CheckRequest) -> int:
     result = check(req.file, device=req.device)
     if result.ok:
         print("\n".join(result.passed))
-        print(f"{req.file}: the adapter contract holds ({len(result.passed)} checks passed)")
+        print(f"{req.file}: the {result.contract} contract holds ({len(result.passed)} checks passed)")
         return 0
     for finding in result.findings:
         print(finding.format(), file=sys.stderr)
-    print(f"{req.file}: the adapter contract is broken ({len(result.findings)} problem(s)); "
+    print(f"{req.file}: the {result.contract} contract is broken ({len(result.findings)} problem(s)); "
           "see submissions/README.md", file=sys.stderr)
     return 2
 
@@ -409,12 +411,12 @@ def submit_command(req: SubmitRequest) -> int:
         return 2
     s = req.sweep
     sub = prepare(req.file, s.protocol, s.results, datasets=s.datasets, regimes=s.regimes,
-                  orders=s.orders, plan=lambda protocol: plan_sweep(s, protocol))
+                  orders=s.orders, plan=lambda protocol: plan_sweep(s, protocol), files=s.method_files)
     print(f"\nsubmission {sub.method!r} from {sub.file} (sha256 {sub.info['sha256'][:16]}...)")
     print(format_plan(sub.protocol, sub.plan, s.results, s.rope))
     if s.dry_run:
         return 0
-    result = _sweep_and_report(s, sub.protocol, sub.plan, _options(s, submission=sub.info), of=f" of {sub.method!r}")
+    result = _sweep_and_report(s, sub.protocol, sub.plan, _options(s, sub.protocol, submission=sub.info), of=f" of {sub.method!r}")
     if result.written and not result.statuses.get(Status.OK):
         errors = _distinct_errors(s.results, sub.protocol.name, result.failed_ids)
         print(f"submit: no run of {sub.method!r} finished ok; {len(errors)} distinct error(s):", file=sys.stderr)

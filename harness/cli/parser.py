@@ -164,6 +164,9 @@ def add_sweep_flags(cmd) -> None:
     cmd.add_argument("--download", action="store_true", help="download missing torchvision data sets")
     cmd.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                      help="device of the runs (default: auto)")
+    cmd.add_argument("--plugin", action="append", default=[], metavar="FILE",
+                     help="register the backbones, data sets and regime families of FILE (repeatable; "
+                          "see submissions/README.md)")
     cmd.add_argument("--retry-failed", action="store_true", help="rerun runs recorded as failed/diverged/timeout")
     cmd.add_argument("--dry-run", action="store_true", help="print the grid and what is already done; run nothing")
     cmd.add_argument("--no-progress", action="store_true", help="no progress bar")

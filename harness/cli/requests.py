@@ -20,7 +20,7 @@ class SweepRequest:
     regimes: tuple | None = None
     orders: int | None = None
     only: tuple = ()
-    method_files: tuple = ()
+    method_files: tuple = ()  # --method and --plugin files (one file may define both)
     jobs: int = 1
     threads: int = 1
     executor: str = "process"
@@ -134,7 +134,8 @@ def _sweep(args: argparse.Namespace, method_files: tuple, methods=None, only=(),
            include_flagged: bool = False, rope: float = 1.0) -> SweepRequest:
     return SweepRequest(
         protocol=args.protocol, results=args.results, datasets=args.datasets, methods=methods,
-        regimes=args.regimes, orders=args.orders, only=tuple(only or ()), method_files=method_files, jobs=args.jobs,
+        regimes=args.regimes, orders=args.orders, only=tuple(only or ()),
+        method_files=(*method_files, *args.plugin), jobs=args.jobs,
         threads=args.threads, executor=args.executor, data_dir=args.data_dir, download=args.download,
         device=args.device, retry_failed=args.retry_failed, dry_run=args.dry_run,
         progress=not args.no_progress, leaderboard=not args.no_leaderboard, mlflow=not args.no_mlflow,

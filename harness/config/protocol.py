@@ -9,11 +9,11 @@ from .pretrain import PretrainError, parse_pretrain
 from .paths import protocol_dirs
 from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
 from .validate import MAX_SEED, Validator, show
-from .vocabulary import (DATASET_NAMES, DATASETS, MODELS, NAME_RULE, OPTIMIZERS,
+from .vocabulary import (DATASETS, MODELS, NAME_RULE, OPTIMIZERS,
                          NPZ_PREFIX, REGIME_GRAMMAR, USER_DATA_DEFAULT_MODEL, is_dataset_name, is_regime_name,
-                         Family, Scenario, is_valid_name, regime_family, regime_problem)
+                         Family, Scenario, is_valid_name, regime_family, regime_problem, runs_under_family)
 
-PROTOCOL_KEYS = ("name", "version", "description", "scenario", "pretrain", "datasets", "regimes",
+PROTOCOL_KEYS = ("name", "version", "description", "scenario", "pretrain", "plugins", "datasets", "regimes",
                  "methods", "task_orders", "seeds", "training", "evaluation", "resources")
 REQUIRED_KEYS = ("name", "version", "datasets", "regimes", "methods")
 DATASET_ENTRY_KEYS = ("name", "n_tasks", "classes_per_task", "model")
@@ -112,6 +112,8 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
     v.mapping(raw, "(top level)", PROTOCOL_KEYS, REQUIRED_KEYS)
     name = v.name(raw["name"], "name")
     version = v.version(raw["version"])
+    plugin_files = v.plugins(raw.get("plugins", []))
+    registry = v.with_plugins(registry, plugin_files)  # their names are known from here on
     datasets, written = v.datasets(raw["datasets"])
     regimes = v.regimes(raw["regimes"], datasets)
     methods = v.methods(raw["methods"], registry, regimes)
@@ -130,7 +132,7 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
         order_seed=order_seed, seeds=v.seeds(raw.get("seeds", [0])),
         training=v.training(raw.get("training", {})),
         eval_batch_size=v.evaluation(raw.get("evaluation", {})), source=source,
-        resources=v.resources(raw.get("resources", {})), written_names=written)
+        resources=v.resources(raw.get("resources", {})), written_names=written, plugin_files=plugin_files)
 
 
 class _ProtocolValidator(Validator):
@@ -155,6 +157,32 @@ class _ProtocolValidator(Validator):
             self.fail("version", f"expected a version string such as \"1\" or \"1.0\", got {show(value)}")
         return str(value)
 
+    def plugins(self, value) -> tuple[str, ...]:
+        """`plugins:` paths of plug-in files, relative to the protocol file; absolute paths out."""
+        if not isinstance(value, list):
+            self.fail("plugins", f"expected a list of .py paths, got {show(value)}")
+        files = []
+        for i, entry in enumerate(value):
+            path = Path(self.string(entry, f"plugins[{i}]")).expanduser()
+            path = path if path.is_absolute() else Path(self.source).resolve().parent / path
+            if path.suffix != ".py" or not path.is_file():
+                self.fail(f"plugins[{i}]", f"{show(entry)}: no such Python file ({path}); allowed: the path of a "
+                                           ".py plug-in file, relative to the protocol file")
+            files.append(str(path.resolve()))
+        return tuple(files)
+
+    def with_plugins(self, registry, files):
+        """The registry with the plug-in files loaded (the caller's registry knows how: `extended`)."""
+        if not files:
+            return registry
+        if not hasattr(registry, "extended"):
+            self.fail("plugins", "this caller's registry cannot load plug-in files; load the protocol with "
+                                 "harness.api.registry.get_registry()")
+        try:
+            return registry.extended(files)
+        except UserError as exc:
+            self.fail("plugins", str(exc))
+
     def datasets(self, value):
         out, written = [], {}
         for i, entry in enumerate(self.nonempty_list(value, "datasets")):
@@ -164,7 +192,7 @@ class _ProtocolValidator(Validator):
             self.mapping(entry, key, DATASET_ENTRY_KEYS, ("name",))
             name = self.string(entry["name"], f"{key}.name")
             if not is_dataset_name(name):
-                self.fail(f"{key}.name", f"unknown dataset {name!r}; allowed: {', '.join(DATASET_NAMES)}, npz:PATH")
+                self.fail(f"{key}.name", f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}, npz:PATH")
             if name.startswith(NPZ_PREFIX):
                 resolved = self.npz_name(name, f"{key}.name")
                 written[name], name = resolved, resolved
@@ -225,7 +253,7 @@ class _ProtocolValidator(Validator):
         runs_on = tuple(r for r in regimes if listed is None or r in listed)
         families = tuple(getattr(adapter, "regime_families", Family))
         for r in runs_on:
-            if regime_family(r) not in families:
+            if not runs_under_family(regime_family(r), families):
                 note = getattr(adapter, "regime_note", "") or "its adapter declares so"
                 self.fail(key, f"{name} cannot run faithfully under regime {r!r} (family {regime_family(r)}): "
                                f"{note}; allowed: families {', '.join(families)}: list the regimes it runs on in "

@@ -83,6 +83,8 @@ class Protocol:
     resources: dict = field(default_factory=dict)
     # npz data sets: the name as the protocol file wrote it -> the resolved name (for --datasets)
     written_names: dict = field(default_factory=dict)
+    # plug-in files of the protocol's `plugins:` (absolute paths): every run of it registers them
+    plugin_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,10 +114,18 @@ class RunSpec:
     eval_batch_size: int
     method_version: str = ""
     data_fingerprint: str = ""
+    # The plug-ins the run uses (`backbone:NAME`, `dataset:NAME`, `regime:FAMILY`) -> their file's
+    # content hash (harness/api/plugins.py). Left out of the JSON form when empty: a run of
+    # built-ins keeps the id it always had.
+    plugins: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        """Plain-JSON form (tuples become lists, `pretrain` its canonical JSON form)."""
-        return json.loads(json.dumps({**asdict(self), "pretrain": self.pretrain.as_json()}))
+        """Plain-JSON form (tuples become lists, `pretrain` its canonical JSON form; no `plugins` key for a
+        run of built-ins)."""
+        data = json.loads(json.dumps({**asdict(self), "pretrain": self.pretrain.as_json()}))
+        if not data["plugins"]:
+            del data["plugins"]
+        return data
 
     @property
     def display(self) -> str:

@@ -37,6 +37,8 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 MAX_NAME = 100  # a protocol name is a folder under --results: keep it well below NAME_MAX
 NAME_RULE = f"up to {MAX_NAME} letters, digits, '.', '_', '-'"
 ENTRY_POINT_GROUP = "cl_bench.methods"
+# Plug-ins beyond methods (harness/api/plugins.py): the entry-point group of each kind.
+PLUGIN_GROUPS = {"backbone": "cl_bench.backbones", "dataset": "cl_bench.datasets", "regime": "cl_bench.regimes"}
 
 
 def is_valid_name(name) -> bool:
@@ -66,6 +68,7 @@ class Family(StrEnum):
     LORA = "lora"
 
 
+REGIME_FAMILIES = tuple(Family)  # the built-in families; plug-in families register beside them
 FAMILY_DESCRIPTIONS = {
     Family.DEPTH: "every parameter of the trainable blocks (head, last-k, full)",
     Family.BITFIT: "the biases of the trainable blocks (BatchNorm's shift included), base weights frozen",
@@ -74,19 +77,22 @@ FAMILY_DESCRIPTIONS = {
 }
 REGIME_GRAMMAR = ("head, full, last-k, bitfit, norm, lora-rR, or last-k:bitfit, last-k:norm, last-k:lora-rR "
                   "(k >= 1 up to the model's depth, R >= 1)")
-MAX_LORA_RANK = 4096
+MAX_LORA_RANK = 4096  # the largest argument of any family (lora's rank R)
+# The subspace families' grammar: the letter of a family's integer argument (`lora-r4`), None for a
+# family written by its name alone. Plug-in families (harness/api/plugins.py) add theirs.
+FAMILY_ARGUMENTS = {"bitfit": None, "norm": None, "lora": "r"}
 _LAST_K = re.compile(r"^last-([1-9][0-9]*)$")
-_LORA = re.compile(r"^lora-r([1-9][0-9]*)$")
+_FAMILY = re.compile(r"^([a-z][a-z0-9]*)(?:-([a-z])([1-9][0-9]*))?$")
 
 
 @dataclass(frozen=True)
 class Regime:
     """A parsed regime name: `depth` shared blocks train (None: all of them; 0: `head`), and within
-    them what `family` selects (`rank` for lora)."""
+    them what `family` selects (`rank`: the family's integer argument, lora's rank R)."""
 
     name: str
     depth: int | None
-    family: Family
+    family: Family | str  # a plug-in family is its registered name
     rank: int | None = None
 
     def blocks(self, n_blocks: int) -> int:
@@ -114,13 +120,26 @@ def parse_regime(name) -> Regime:
     return Regime(text, None, family, rank)
 
 
-def _family_part(part: str, whole: str) -> tuple[Family, int | None]:
-    if part in (Family.BITFIT, Family.NORM):
-        return Family(part), None
-    match = _LORA.match(part)
-    if match and int(match.group(1)) <= MAX_LORA_RANK:
-        return Family.LORA, int(match.group(1))
-    raise ValueError(f"unknown regime {whole!r}; allowed: {REGIME_GRAMMAR}")
+def _family_part(part: str, whole: str) -> tuple[Family | str, int | None]:
+    match = _FAMILY.match(part)
+    if match and match.group(1) in FAMILY_ARGUMENTS and FAMILY_ARGUMENTS[match.group(1)] == match.group(2):
+        argument = int(match.group(3)) if match.group(3) else None
+        if argument is None or argument <= MAX_LORA_RANK:
+            return _as_family(match.group(1)), argument
+    plugins = [f for f in FAMILY_ARGUMENTS if f not in REGIME_FAMILIES]
+    also = f"; plug-in families: {', '.join(plugins)}" if plugins else ""
+    raise ValueError(f"unknown regime {whole!r}; allowed: {REGIME_GRAMMAR}{also}")
+
+
+def runs_under_family(family: str, declared) -> bool:
+    """A method runs under the families it declares; one declaring every built-in family also under
+    plug-in families (it does not depend on which parameters train)."""
+    return family in declared or (family not in REGIME_FAMILIES and set(REGIME_FAMILIES) <= set(declared))
+
+
+def _as_family(name: str) -> Family | str:
+    """A built-in family as its enum member; a plug-in family stays its registered name."""
+    return Family(name) if name in REGIME_FAMILIES else name
 
 
 def is_regime_name(name) -> bool:
@@ -132,8 +151,8 @@ def is_regime_name(name) -> bool:
     return True
 
 
-def regime_family(name: str) -> Family:
-    """The regime's family: depth, bitfit, norm or lora."""
+def regime_family(name: str) -> Family | str:
+    """The regime's family: depth, bitfit, norm, lora (a Family) or a plug-in family (its name)."""
     return parse_regime(name).family
 
 
@@ -154,7 +173,7 @@ def regime_sort_key(name: str) -> tuple:
         r = parse_regime(name)
     except ValueError:
         return (9, 0, 0, 0, str(name))
-    family = tuple(Family).index(r.family)
+    family = REGIME_FAMILIES.index(r.family) if r.family in REGIME_FAMILIES else len(REGIME_FAMILIES)
     if r.depth == 0:
         return (0, 0, 0, 0, name)
     if r.depth is None:
@@ -219,7 +238,7 @@ class DatasetFacts:
 
     n_classes: int
     default_model: str
-    source: str  # "embedded" (ships with a package) or "torchvision" (--data-dir, --download)
+    source: str  # "embedded" (ships with a package), "torchvision" (--data-dir, --download) or "plug-in"
 
 
 DATASETS = {
@@ -231,7 +250,6 @@ DATASETS = {
     "qmnist": DatasetFacts(10, "small-cnn", "torchvision"),
     "cifar100": DatasetFacts(100, "resnet18-reduced", "torchvision"),
 }
-DATASET_NAMES = tuple(DATASETS)
 NPZ_PREFIX = "npz:"
 USER_DATA_DEFAULT_MODEL = "mlp"
 

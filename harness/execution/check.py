@@ -53,6 +53,7 @@ class CheckResult:
     methods: tuple = ()
     findings: tuple = ()
     passed: tuple = ()
+    contract: str = "adapter"  # or "plug-in" (harness/execution/plugin_check.py)
 
     @property
     def ok(self) -> bool:
@@ -83,14 +84,23 @@ LOAD_FIXES = (
 
 
 def check(target: str, regimes=CONTRACT_REGIMES, device: str = "cpu") -> CheckResult:
-    """Run the adapter contract on a method file (or a registered method name)."""
+    """Run the adapter contract on a method file (or a registered method name); a plug-in file's
+    backbones, data sets and regime families are checked by plugin_check."""
     from ..api.registry import RegistryError
+    from .plugin_check import check_plugin_file, declares
 
+    plugins, methods = declares(target)
+    if plugins:
+        found = check_plugin_file(target)
+        if not (found.ok and methods):
+            return CheckResult(target, (), tuple(Finding(f.check, f.problem, f.fix) for f in found.findings),
+                               found.passed, contract="plug-in")
     try:
         adapters, method_files = _resolve(target)
     except RegistryError as exc:
         return CheckResult(target, findings=(_load_finding(str(exc)),))
-    findings, passed = [], [f"✓ loads: {', '.join(_describe(a) for a in adapters)}"]
+    findings = []
+    passed = [*(found.passed if plugins else ()), f"✓ loads: {', '.join(_describe(a) for a in adapters)}"]
     for adapter in adapters:
         f, p = check_adapter(adapter, method_files, regimes, device, label=len(adapters) > 1)
         findings += f

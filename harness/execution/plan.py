@@ -9,6 +9,7 @@ import numpy as np
 from ..config.errors import UserError
 from ..config.specs import DatasetSpec, Protocol, RunSpec
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
+from ..api.plugins import implementations
 from .store import runs_dir, scan_runs
 
 
@@ -71,7 +72,8 @@ def expand(protocol: Protocol, fingerprints: dict | None = None) -> tuple[RunSpe
                             order=i, class_order=tuple(order), seed=seed, scenario=protocol.scenario,
                             pretrain=pretrain, training=protocol.training,
                             eval_batch_size=protocol.eval_batch_size, method_version=m.version,
-                            data_fingerprint=fingerprints.get(d.name) or ""))
+                            data_fingerprint=fingerprints.get(d.name) or "",
+                            plugins=implementations(d.model, d.name, regime)))
     return tuple(specs)
 
 

@@ -64,7 +64,7 @@ def find_record(run_id: str, results) -> tuple[RunRecord, Path]:
 
 
 def method_files(record: RunRecord) -> tuple[str, ...]:
-    """The method file a record was made with (none for built-ins); it must still be there, unchanged."""
+    """The method and plug-in files a record was made with (none for built-ins); they must still be there, unchanged."""
     from ..api.registry import get_registry
 
     source = ((record.provenance or {}).get("method") or {}).get("source", "built-in")
@@ -80,7 +80,22 @@ def method_files(record: RunRecord) -> tuple[str, ...]:
         raise SweepError(f"method {record.spec.method!r} changed since the record was made (implementation "
                          f"{record.spec.method_version}, now {adapter.implementation} from {adapter.source}); "
                          "restore that version to reproduce the record")
-    return files
+    return files + plugin_files(record)
+
+
+def plugin_files(record: RunRecord) -> tuple[str, ...]:
+    """The plug-in files (backbone, data set, regime family) a record was made with; they must still be there
+    (the engine refuses one whose content changed)."""
+    out = []
+    for key, entry in ((record.provenance or {}).get("plugins") or {}).items():
+        source = str((entry or {}).get("source", ""))
+        if source.startswith("entry point"):
+            continue
+        if not Path(source).is_file():
+            raise SweepError(f"{source}: the file of plug-in {key} this record was made with is not there; restore "
+                             f"it (implementation {record.spec.plugins.get(key)}) to reproduce the record")
+        out.append(source)
+    return tuple(dict.fromkeys(out))
 
 
 def reproduce(run_id: str, results="results", data_dir: str | None = None, device: str | None = None,

@@ -53,8 +53,9 @@ def with_method(protocol, adapter):
 
 
 def prepare(path, protocol_name: str, results, *, datasets=None, regimes=None, orders=None,
-            retry_failed: bool = False, plan=None) -> Submission:
-    """Load the file and the protocol, and plan the submission's grid against `results`.
+            retry_failed: bool = False, plan=None, files=()) -> Submission:
+    """Load the file and the protocol (with the plug-in `files`, if any), and plan the submission's grid
+    against `results`.
 
     `plan(protocol) -> Plan` plans the restricted protocol (default: `make_plan` with the data
     sets fingerprinted from their default locations).
@@ -64,7 +65,7 @@ def prepare(path, protocol_name: str, results, *, datasets=None, regimes=None, o
     from .plan import make_plan
 
     adapter = submitted_adapter(path)
-    protocol = load_protocol(protocol_name, get_registry((str(path),)))
+    protocol = load_protocol(protocol_name, get_registry(tuple(dict.fromkeys((str(path), *map(str, files))))))
     protocol = select(with_method(protocol, adapter), datasets=datasets, regimes=regimes, orders=orders)
     info = submission_info(path)
     planned = plan(protocol) if plan else make_plan(protocol, results, retry_failed=retry_failed)

@@ -5,14 +5,16 @@ import hashlib
 import os
 import zipfile
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 import numpy as np
 
 from ..config.errors import UserError
-from ..config.paths import cache_dir, data_dir
+from ..config import paths
+from ..config.paths import cache_dir
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
+from ..api.plugins import DataSource, PluginError, lookup, register_builtins
 
 
 class DatasetError(UserError, ValueError):
@@ -53,7 +55,7 @@ def _as_data(name, x_train, y_train, x_test, y_test) -> TensorData:
     return TensorData(name, x(x_train), y(y_train), x(x_test), y(y_test))
 
 
-def _digits(**_) -> TensorData:
+def _digits(*_) -> TensorData:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -68,7 +70,7 @@ def _digits(**_) -> TensorData:
     return _as_data("digits", x_tr.reshape(-1, 1, 8, 8), y_tr, x_te.reshape(-1, 1, 8, 8), y_te)
 
 
-def _mnist1d(**_) -> TensorData:
+def _mnist1d(*_) -> TensorData:
     from mnist1d.data import get_dataset_args, make_dataset
 
     cache = cache_dir(create=True) / "mnist1d-default.npz"
@@ -98,12 +100,12 @@ TORCHVISION = {
 }
 
 
-def _torchvision(name: str, given: str | None, download: bool) -> TensorData:
+def _torchvision(name: str, given: str | None = None, download: bool = False) -> TensorData:
     import torch
     import torchvision.datasets as tvd
 
     cls_name, mean, std = TORCHVISION[name]
-    root = data_dir(given)
+    root = paths.data_dir(given)
     cls = getattr(tvd, cls_name)
     if name == "cifar100":
         return _cifar100(root, download, mean, std)
@@ -293,22 +295,50 @@ def _missing(present: np.ndarray, n: int) -> tuple[str, int]:
     return ", ".join(map(str, shown)) + more, count
 
 
-EMBEDDED = {"digits": _digits, "mnist1d": _mnist1d}
-# Every data set of the vocabulary has a loader here (checked once, at import).
-assert {n for n, f in DATASETS.items() if f.source == "embedded"} == set(EMBEDDED)
-assert {n for n, f in DATASETS.items() if f.source == "torchvision"} == set(TORCHVISION)
+def _builtin(name: str, load) -> DataSource:
+    """A built-in data set: its facts (classes, default backbone, origin) are the vocabulary's."""
+    facts = DATASETS[name]
+    return DataSource(name, load, facts.n_classes, facts.default_model, origin=facts.source)
+
+
+# The built-in data sets, declared as a plug-in file declares its own (harness/api/plugins.py).
+PLUGINS = register_builtins(_builtin("digits", _digits), _builtin("mnist1d", _mnist1d),
+                            *(_builtin(name, partial(_torchvision, name)) for name in TORCHVISION))
+# Every built-in data set of the vocabulary has a loader here (checked once, at import).
+assert {p.name for p in PLUGINS} == {name for name, facts in DATASETS.items() if facts.source != "plug-in"}
 
 
 @lru_cache(maxsize=4)
 def load_dataset(name: str, data_dir: str | None = None, download: bool = False) -> TensorData:
-    """Load a dataset by registry name (`npz:PATH` for a user's own arrays)."""
-    if name in EMBEDDED:
-        return EMBEDDED[name]()
-    if name in TORCHVISION:
-        return _torchvision(name, data_dir, download)
+    """Load a dataset by registered name (built-in or plug-in; `npz:PATH` for a user's own arrays)."""
     if name.startswith(NPZ_PREFIX):
         return _npz(name[len(NPZ_PREFIX):])
-    raise DatasetError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}, npz:PATH")
+    try:
+        found = lookup("dataset", name)
+    except PluginError:
+        raise DatasetError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}, npz:PATH") from None
+    loaded = found.plugin.load(paths.data_dir(data_dir), download)
+    if isinstance(loaded, TensorData):  # a built-in's own tensors
+        return loaded
+    return _plugin_data(found, loaded)
+
+
+def _plugin_data(found, loaded) -> TensorData:
+    """A plug-in's arrays, checked as a user's npz file is, as tensors with the declared classes."""
+    source = found.plugin
+    where = f"{found.source}: dataset {source.name!r}"
+    if isinstance(loaded, dict) and set(ARRAYS) <= set(loaded):
+        loaded = tuple(loaded[k] for k in ARRAYS)
+    if not isinstance(loaded, (tuple, list)) or len(loaded) != len(ARRAYS):
+        raise DatasetError(f"{where}: load returned {type(loaded).__name__}; allowed: x_train, y_train, x_test, "
+                           "y_test as a 4-tuple or a mapping of those names")
+    arrays = {k: np.asarray(a) for k, a in zip(ARRAYS, loaded)}
+    validate_arrays(source.name, arrays)
+    data = _as_data(source.name, *(arrays[k] for k in ARRAYS))
+    if data.n_classes != source.n_classes:
+        raise DatasetError(f"{where}: declares n_classes={source.n_classes}, but its labels run 0..{data.n_classes - 1}; "
+                           f"allowed: n_classes={data.n_classes}, or data with {source.n_classes} classes")
+    return data
 
 
 def fingerprint(data: TensorData) -> str:

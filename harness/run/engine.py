@@ -17,6 +17,7 @@ from ..config.specs import RunRecord, RunSpec, failed_record
 from ..config.vocabulary import Scenario, Status, regime_depth
 from ..api import contract
 from ..api.contract import MethodContext, make_optimizer
+from ..api.plugins import used_plugins
 from ..api.registry import get_registry
 from .datasets import dataset_fingerprint, load_dataset
 from .evaluation import evaluate_class_il, task_accuracy
@@ -60,6 +61,7 @@ class _Progress:
     n_test: list = field(default_factory=list)
     plugin: HarnessPlugin | None = None  # counts the budget and keeps the losses
     pretrained: dict = field(default_factory=dict)  # provenance of a pretrained backbone
+    plugins: dict = field(default_factory=dict)  # provenance: the plug-ins' files (none for built-ins)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -102,6 +104,8 @@ def run_one(spec: RunSpec, *, data_dir: str | None = None, download: bool = Fals
 
 
 def _execute(spec, progress, data_dir, download, device, method_files, observer=None) -> None:
+    get_registry(method_files)  # a worker registers the run's method and plug-in files before it needs them
+    progress.plugins = _check_plugins(spec)
     seed_everything(spec.seed)
     data = load_dataset(spec.dataset.name, data_dir, download)
     _check_data(spec, data_dir, download)
@@ -188,6 +192,18 @@ def _check_data(spec: RunSpec, data_dir, download) -> None:
     if found != spec.data_fingerprint:
         raise IdentityError(f"the data of {spec.dataset.name!r} changed since this run was planned (content "
                             f"{found}, planned {spec.data_fingerprint}); plan the sweep again")
+
+
+def _check_plugins(spec: RunSpec) -> dict:
+    """Provenance of the plug-ins the run uses, which must be the implementations it was planned with."""
+    used = used_plugins(spec.dataset.model, spec.dataset.name, spec.regime)
+    found = {key: r.implementation for key, r in used.items()}
+    if spec.plugins and found != spec.plugins:
+        missing = [f"{k} ({v})" for k, v in spec.plugins.items() if found.get(k) != v]
+        raise IdentityError(f"plug-in {', '.join(missing)} of this run is not registered here in that version "
+                            f"(found: {found or 'none'}): give its file with --plugin FILE.py or the protocol's "
+                            "plugins:, unchanged since the run was planned")
+    return {key: {"source": r.source, "implementation": r.implementation} for key, r in used.items()}
 
 
 def _resolve_adapter(spec: RunSpec, method_files, progress: _Progress):
@@ -326,6 +342,8 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
     prov = _provenance(device, submission, progress.method)
     if progress.pretrained:
         prov["pretrained"] = dict(progress.pretrained)
+    if progress.plugins:
+        prov["plugins"] = dict(progress.plugins)
     if status != Status.OK:
         return failed_record(spec, error, status, prov, **measured)
     return RunRecord(run_id=spec.run_id, status=status, error=error, spec=spec,

@@ -8,6 +8,7 @@ from torch import nn
 from avalanche.models.dynamic_modules import MultiTaskModule
 
 from ..config.vocabulary import MODELS
+from ..api.plugins import Backbone, PluginError, lookup, register_builtins
 
 
 class CLNet(MultiTaskModule):
@@ -171,35 +172,74 @@ def _reduced_resnet18(input_shape, nf: int = 20) -> list[nn.Module]:
     return blocks
 
 
-# name -> (builder of the parametrised blocks, feature dim from builder kwargs, trailing
-# parameter-free blocks); the blocks' names are the vocabulary's (config.vocabulary.MODELS).
-BUILDERS = {
-    "mlp": (_mlp, lambda kw: kw.get("feature_dim", 100), {}),
-    "mlp-bn": (_mlp_bn, lambda kw: kw.get("feature_dim", 100), {}),
-    "small-cnn": (_small_cnn, lambda kw: kw.get("feature_dim", 128), {}),
-    "cnn1d": (_cnn1d, lambda kw: kw.get("feature_dim", 100), {}),
-    "resnet18-reduced": (_reduced_resnet18, lambda kw: 8 * kw.get("nf", 20),
-                         {"pool": lambda: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())}),
-    "resnet18": (lambda shape, **kw: _torchvision_resnet18(shape, **kw), lambda kw: 512,
-                 {"pool": lambda: nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())}),
-}
-
-
 def _torchvision_resnet18(input_shape) -> list[nn.Module]:
     """torchvision's ResNet-18 split into stem + 4 stages (harness/run/resnet.py maps its weights)."""
     from .resnet import resnet18_blocks
 
     return resnet18_blocks(input_shape)
+
+
+def _pool() -> nn.Module:
+    return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+
+def _builtin(name: str, build, input_shape: tuple, feature_dim, tail=None) -> Backbone:
+    """A built-in backbone: its facts (blocks, description, norm and bias blocks) are the vocabulary's."""
+    facts = MODELS[name]
+    return Backbone(name, build, facts.blocks, input_shape, facts.description, facts.norm_blocks,
+                    facts.bias_blocks, feature_dim, tail or {})
+
+
+# The built-in backbones, declared as a plug-in file declares its own (harness/api/plugins.py).
+PLUGINS = register_builtins(
+    _builtin("mlp", _mlp, (1, 8, 8), lambda kw: kw.get("feature_dim", 100)),
+    _builtin("mlp-bn", _mlp_bn, (1, 8, 8), lambda kw: kw.get("feature_dim", 100)),
+    _builtin("small-cnn", _small_cnn, (1, 28, 28), lambda kw: kw.get("feature_dim", 128)),
+    _builtin("cnn1d", _cnn1d, (40,), lambda kw: kw.get("feature_dim", 100)),
+    _builtin("resnet18-reduced", _reduced_resnet18, (3, 32, 32), lambda kw: 8 * kw.get("nf", 20), {"pool": _pool}),
+    _builtin("resnet18", _torchvision_resnet18, (3, 32, 32), 512, {"pool": _pool}),
+)
 # Blocks without parameters cannot be "trained", so regimes count only parametrised blocks.
 _PARAMETER_FREE = {"pool"}
 
 
 def build_model(name: str, input_shape, n_heads: int, head_classes: int, **kwargs) -> CLNet:
-    """Build the named backbone with `n_heads` heads of `head_classes` outputs."""
-    builder, feature_dim, tail = BUILDERS[name]
-    blocks = OrderedDict(zip(MODELS[name].blocks, builder(tuple(input_shape), **kwargs), strict=True))
-    blocks.update((block, make()) for block, make in tail.items())
-    return CLNet(blocks, feature_dim(kwargs), n_heads, head_classes)
+    """Build the named backbone (built-in or plug-in) with `n_heads` heads of `head_classes` outputs."""
+    found = lookup("backbone", name)
+    backbone = found.plugin
+    modules = list(backbone.build(tuple(input_shape), **kwargs))
+    if len(modules) != len(backbone.blocks) or not all(isinstance(m, nn.Module) for m in modules):
+        raise PluginError(f"{found.source}: backbone {name!r}: build returned {_kinds(modules)} for the "
+                          f"{len(backbone.blocks)} blocks {', '.join(backbone.blocks)}; allowed: one torch "
+                          "module per block, input side first")
+    blocks = OrderedDict(zip(backbone.blocks, modules))
+    blocks.update((block, make()) for block, make in backbone.tail.items())
+    return CLNet(blocks, _feature_dim(backbone, blocks, tuple(input_shape), kwargs), n_heads, head_classes)
+
+
+def _kinds(modules: list) -> str:
+    return f"{len(modules)} value(s) ({', '.join(sorted({type(m).__name__ for m in modules}))})"
+
+
+def _feature_dim(backbone: Backbone, blocks: OrderedDict, input_shape: tuple, kwargs: dict) -> int:
+    """The declared width of the features, else the last block's output width on a zero batch (eval mode,
+    no gradient: no statistics move and no random number is drawn)."""
+    declared = backbone.feature_dim
+    if declared is not None:
+        return declared(kwargs) if callable(declared) else int(declared)
+    modes = {m: m.training for block in blocks.values() for m in block.modules()}
+    x = torch.zeros((2, *input_shape))
+    try:
+        with torch.no_grad():
+            for block in blocks.values():
+                x = block.eval()(x)
+    finally:
+        for module, mode in modes.items():
+            module.training = mode
+    if x.ndim != 2:
+        raise PluginError(f"backbone {backbone.name!r}: the last block's output has shape {tuple(x.shape[1:])} per "
+                          "sample; allowed: flat features (batch, width) the heads read (end with nn.Flatten())")
+    return int(x.shape[1])
 
 
 def trainable_block_names(model: CLNet) -> list[str]:

@@ -2,8 +2,9 @@
 
 A regime (config.vocabulary.parse_regime) picks the shared blocks that train (its depth) and,
 within them, what trains (its family): every parameter (depth), the biases (bitfit), the
-normalisation layers' affine parameters (norm), or LoRA adapters on every Linear/Conv (lora;
-peft, base weights frozen). Heads always train. Whatever does not train is frozen: no
+normalisation layers' affine parameters (norm), LoRA adapters on every Linear/Conv (lora;
+peft, base weights frozen), or what a plug-in family selects (harness/api/plugins.py: the
+built-in families are declared the same way, below). Heads always train. Whatever does not train is frozen: no
 requires_grad, no optimizer entry, and a module left with frozen parameters and buffers (a
 BatchNorm whose affine parameters do not train, a whole frozen block) stays in eval mode, so
 its running statistics cannot drift. The engine checks frozen parameters and buffers bitwise
@@ -14,7 +15,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config.vocabulary import Family, parse_regime, regime_depth
+from ..api.plugins import RegimeFamily, lookup, register_builtins
+from ..config.vocabulary import FAMILY_ARGUMENTS, FAMILY_DESCRIPTIONS, REGIME_FAMILIES, Family, parse_regime, regime_depth
 from ..api.subspace import lora_layers, plain_name
 from .models import CLNet, trainable_block_names
 
@@ -35,54 +37,85 @@ def trainable_blocks(model: CLNet, regime: str) -> list[str]:
 
 
 def inject_adapters(model: CLNet, regime: str) -> CLNet:
-    """Give a lora regime's blocks rank-R adapters (peft, lora_alpha = R: scale 1); other regimes: unchanged.
+    """Give the regime's blocks the adapters of its family, if the family has any (lora); others: unchanged.
 
-    Adapters start at B = 0, so the model computes exactly what it did before. Call once, after
-    any pretrained weights are loaded and before the regime is applied.
+    Call once, after any pretrained weights are loaded and before the regime is applied.
     """
     parsed = parse_regime(regime)
-    if parsed.family != Family.LORA or lora_layers(model):
-        return model
+    family = lookup("regime", parsed.family).plugin
+    if family.inject is not None:
+        family.inject(model, trainable_blocks(model, regime), parsed.rank)
+    return model
+
+
+def _inject_lora(model: CLNet, blocks: list[str], rank: int) -> None:
+    """Rank-R adapters (peft, lora_alpha = R: scale 1) on every Linear/Conv of `blocks`.
+
+    Adapters start at B = 0, so the model computes exactly what it did before.
+    """
+    if lora_layers(model):
+        return
     from peft import LoraConfig, inject_adapter_in_model
 
-    blocks = set(trainable_blocks(model, regime))
     targets = [f"blocks.{name}" for name, m in model.blocks.named_modules()
-               if isinstance(m, LORA_TARGETS) and name.split(".")[0] in blocks]
-    config = LoraConfig(r=parsed.rank, lora_alpha=parsed.rank, lora_dropout=LORA_DROPOUT, bias="none",
-                        target_modules=targets)
+               if isinstance(m, LORA_TARGETS) and name.split(".")[0] in set(blocks)]
+    config = LoraConfig(r=rank, lora_alpha=rank, lora_dropout=LORA_DROPOUT, bias="none", target_modules=targets)
     inject_adapter_in_model(config, model)
     # peft freezes every non-adapter parameter; the regime decides what trains, not peft.
     for p in model.parameters():
         p.requires_grad_(True)
-    return model
+
+
+def _every(module, pname: str, argument) -> bool:
+    return True
+
+
+def _bias(module, pname: str, argument) -> bool:
+    return pname == "bias"
+
+
+def _norm(module, pname: str, argument) -> bool:
+    return isinstance(module, NORM_LAYERS)
+
+
+def _adapters_only(module, pname: str, argument) -> bool:
+    return False  # the base weights stay frozen; the adapter factors train (see _selects)
+
+
+# The built-in regime families, declared as a plug-in file declares its own (harness/api/plugins.py);
+# their grammar is the vocabulary's (FAMILY_ARGUMENTS).
+PLUGINS = register_builtins(
+    RegimeFamily("depth", _every, FAMILY_DESCRIPTIONS["depth"]),
+    RegimeFamily("bitfit", _bias, FAMILY_DESCRIPTIONS["bitfit"]),
+    RegimeFamily("norm", _norm, FAMILY_DESCRIPTIONS["norm"]),
+    RegimeFamily("lora", _adapters_only, FAMILY_DESCRIPTIONS["lora"], argument=FAMILY_ARGUMENTS["lora"],
+                 inject=_inject_lora),
+)
+assert tuple(p.name for p in PLUGINS) == REGIME_FAMILIES
 
 
 def selected_parameters(model: CLNet, regime: str) -> list[str]:
     """Full names of the shared parameters the regime trains (heads excluded: they always train)."""
     parsed = parse_regime(regime)
+    family = lookup("regime", parsed.family).plugin
     blocks = trainable_blocks(model, regime)
     selected = []
     for block in blocks:
         for module_name, module in model.blocks[block].named_modules():
             for pname, _ in module.named_parameters(recurse=False):
                 full = ".".join(x for x in ("blocks", block, module_name, pname) if x)
-                if _selects(parsed.family, full, pname, module):
+                if _selects(family, parsed.rank, full, pname, module):
                     selected.append(full)
     if parsed.family != Family.DEPTH and not selected:
         raise RegimeError(f"regime {regime!r} selects no parameter of blocks {', '.join(blocks)}"
-                          + (" (no LoRA adapters injected)" if parsed.family == Family.LORA else ""))
+                          + (" (no adapters injected)" if family.inject is not None else ""))
     return selected
 
 
-def _selects(family: Family, full: str, pname: str, module) -> bool:
-    adapter = plain_name(full) is None
-    if family == Family.DEPTH:
-        return not adapter  # adapters of a lora model stay frozen (B = 0) while a depth regime trains
-    if family == Family.LORA:
-        return adapter
-    if family == Family.BITFIT:
-        return not adapter and pname == "bias"
-    return isinstance(module, NORM_LAYERS)
+def _selects(family, argument, full: str, pname: str, module) -> bool:
+    if plain_name(full) is None:  # an adapter factor trains under its own family only; under depth it stays B = 0
+        return family.inject is not None
+    return bool(family.selects(module, pname, argument))
 
 
 def apply_regime(model: CLNet, regime: str) -> list[str]:
