@@ -17,7 +17,7 @@ import pandas as pd
 from ..analysis.families import ALL as POOLED, families_in, regime_table
 from ..analysis.frame import FLAG, percent_scale, regime_order
 from ..analysis.tables import analyse, headline
-from ..config.paths import REPOSITORY
+from ..config.resources import templates_dir
 from ..config.specs import RunRecord
 from ..config.text import spreadsheet_safe
 from ..config.vocabulary import FAMILY_DESCRIPTIONS, WARNINGS, pretrain_label
@@ -25,7 +25,7 @@ from ..execution.reproduce import reproduce_command
 from . import charts
 from .charts import METHOD_COLOURS, REGIME_COLOURS, ok as _ok, records_of as _records_of
 
-TEMPLATES = REPOSITORY / "leaderboard" / "templates"
+TEMPLATES = templates_dir()
 __all__ = ["build_site", "site_summary_line", "slug", "flag_title", "p_text", "METHOD_COLOURS", "REGIME_COLOURS"]
 
 
