@@ -297,6 +297,7 @@ def _spec(make, method, **hparams):
                 training=TrainingSpec(lr=0.05, momentum=0.9, epochs=1, batch_size=32))
 
 
+@pytest.mark.slow
 def test_harness_measures_the_merged_model(spec_factory):
     # λ = 0 keeps every evaluated model at θ0: update norms vanish although training moved θ
     frozen = run_one(_spec(spec_factory, "magmax", lam=0.0), device="cpu")
