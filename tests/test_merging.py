@@ -130,9 +130,13 @@ def test_randmix_running_reservoir_reproducible_and_uniform():
 def test_sign_conflict_fraction_by_hand():
     taus = [{"w": T_([1.0, -1.0, 0.0, 2.0, 1.0])}, {"w": T_([1.0, 1.0, 3.0, 0.0, 1.0])},
             {"w": T_([-1.0, 1.0, 0.0, 0.0, 1.0])}]
+    counter = rules.SignCounter()
+    counter.add(taus[0])
+    assert counter.conflict_fraction() is None  # one task vector: nothing moved twice
+    for tau in taus[1:]:
+        counter.add(tau)
     # moved by >= 2 task vectors: elements 0, 1, 4; conflicting among them: 0 and 1
-    assert rules.sign_conflict_fraction(taus) == pytest.approx(2 / 3)
-    assert rules.sign_conflict_fraction(taus[:1]) is None
+    assert counter.conflict_fraction() == pytest.approx(2 / 3)
 
 
 # --- the plugin inside an Avalanche strategy ---------------------------------------------
