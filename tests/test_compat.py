@@ -29,7 +29,7 @@ def _shown(category, message) -> bool:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compat.silence_known_warnings()
-        warnings.warn(message, category)
+        warnings.warn(message, category, stacklevel=1)
     return bool(caught)
 
 
