@@ -65,22 +65,21 @@ def _probe(python: Path, cwd: Path) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory) -> Path:
+def _copy_sources(dest: Path) -> Path:
     """A copy of the files a build reads (a build writes build/ and *.egg-info next to them)."""
     pytest.importorskip("setuptools", reason="building the wheel needs setuptools (the dev extra)")
-    src = tmp_path_factory.mktemp("source")
+    dest.mkdir(exist_ok=True)
     for name in SOURCES:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
+            shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
         else:
-            shutil.copy2(ROOT / name, src / name)
-    return src
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
 
 
 @pytest.fixture(scope="module")
-def wheel(source, tmp_path_factory) -> Path:
-    dist = tmp_path_factory.mktemp("dist")
+def wheel(tmp_path_factory) -> Path:
+    source, dist = _copy_sources(tmp_path_factory.mktemp("source")), tmp_path_factory.mktemp("dist")
     _pip("wheel", "-w", str(dist), str(source))
     (built,) = dist.glob("cl_bench-*.whl")
     return built
@@ -113,12 +112,14 @@ def test_the_tree_on_pythonpath_uses_its_own_folders(tmp_path):
     env = {**_env(tmp_path), "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True,
                          timeout=120)
+    assert out.returncode == 0, out.stderr
     found = json.loads(out.stdout)
     assert found == {"harness": str(ROOT / "harness" / "__init__.py"), "protocols": str(ROOT / "protocols"),
                      "templates": str(ROOT / "leaderboard" / "templates"), "tree": str(ROOT)}
 
 
-def test_an_editable_install_uses_the_tree(source, tmp_path):
+def test_an_editable_install_uses_the_tree(tmp_path):
+    source = _copy_sources(tmp_path / "source")
     # built here (PEP 660), as `pip install -e` would: the fresh venv has no setuptools to build with
     build = "import sys; from setuptools.build_meta import build_editable; build_editable(sys.argv[1])"
     subprocess.run([sys.executable, "-c", build, str(tmp_path)], cwd=source, check=True, capture_output=True,
