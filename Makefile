@@ -10,7 +10,7 @@ JOBS ?= 2
 export MLFLOW_DISABLE_TELEMETRY := true
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install demo test test-cluster bench clean
+.PHONY: install demo lint test test-fast test-cluster bench clean
 
 install: $(STAMP)
 
@@ -25,9 +25,18 @@ $(STAMP): pyproject.toml
 demo: install
 	$(BIN)/cl-bench run --protocol depth-sweep-mini --jobs $(JOBS)
 
-test: install
+# ruff (pinned in the dev extra; rules in pyproject.toml), run first by `make test`.
+lint: install
+	$(BIN)/ruff check .
+
+test: lint
 	@if [ -x scripts/ensure-chromium.sh ]; then scripts/ensure-chromium.sh; fi
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not cluster"
+
+# The edit loop: the suite without the tests that train real models (marked slow) or start a cluster.
+test-fast: install
+	@if [ -x scripts/ensure-chromium.sh ]; then scripts/ensure-chromium.sh; fi
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not slow and not cluster"
 
 # A real two-node Ray cluster on loopback (ray start --head / ray start --address), ~2 min.
 test-cluster: install

@@ -3,9 +3,9 @@
 - MLflow telemetry and Ray usage stats are switched off (nothing may call out).
 - `import avalanche` writes ~/.avalanche/config.json; when HOME is not writable we point
   Avalanche at a private temporary HOME instead of crashing.
-- Known, harmless warnings of Avalanche 0.6 / NumPy 2 are silenced by exact message, so
-  that `-W error` runs (and users' logs) only show warnings that matter. SI's NumPy
-  `__array_wrap__` DeprecationWarning becomes a TypeError under `-W error`: silenced here.
+- Known, harmless warnings of the stack are silenced by the start of their exact message (and
+  their category), so that `-W error` runs (and users' logs) only show warnings that matter.
+  SI's NumPy `__array_wrap__` DeprecationWarning becomes a TypeError under `-W error`: silenced here.
 """
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
+# (category, the start of the message: a regex, matched case-insensitively from the start)
 _QUIET = (
-    (DeprecationWarning, r".*__array_wrap__.*"),
-    (DeprecationWarning, r".*JAXopt is no longer maintained.*"),
-    (DeprecationWarning, r".*Call to deprecated function.*"),
-    (DeprecationWarning, r".*deprecated.*"),
-    (UserWarning, r".*No loggers specified.*"),
-    (UserWarning, r".*TypedStorage is deprecated.*"),
-    (FutureWarning, r".*"),
+    (DeprecationWarning, r"__array_wrap__ must accept context and return_scalar arguments"),  # NumPy 2, SI
+    (DeprecationWarning, r"JAXopt is no longer maintained"),  # on importing qpsolvers (Avalanche's GEM)
+    (DeprecationWarning, r"Call to deprecated (function|class) "),  # Avalanche's own @deprecated
+    (DeprecationWarning, r"The ``noload`` loader strategy is deprecated"),  # SQLAlchemy in MLflow's SQL store
+    (UserWarning, r"No loggers specified, metrics will not be logged"),  # Avalanche, every strategy
+    (UserWarning, r"TypedStorage is deprecated"),  # torch
 )
 
 

@@ -178,3 +178,33 @@ def test_vocabulary_cli_front_and_analysis_import_no_torch():
             "print(sorted(m for m in ('torch', 'avalanche', 'mlflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+TAMED = ("avalanche", "mlflow", "ray")  # what harness.compat must precede (HOME, warnings, telemetry)
+
+
+def _compat_and_tamed_lines(m: str, path: Path) -> tuple[list[int], list[int]]:
+    """Lines of the module-level imports of harness.compat and of the libraries it tames."""
+    compat, tamed = [], []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = _absolute(m, path.name == "__init__.py", node)
+            names = [target, *(f"{target}.{a.name}" for a in node.names)]
+        else:
+            continue
+        compat += [node.lineno] if "harness.compat" in names else []
+        tamed += [node.lineno] if any(n.split(".")[0] in TAMED for n in names) else []
+    return compat, tamed
+
+
+def test_compat_is_imported_before_the_libraries_it_tames():
+    """A module importing harness.compat does so above avalanche/mlflow/ray (an import sorter may not
+    move it down: pyproject's isort section `quirks` keeps `import harness.compat` first)."""
+    bad = []
+    for m, path in modules().items():
+        compat, tamed = _compat_and_tamed_lines(m, path)
+        if compat and tamed and min(tamed) < min(compat):
+            bad.append(f"{path.relative_to(HARNESS.parent)}:{min(tamed)} imports {TAMED} before harness.compat")
+    assert not bad, "\n".join(bad)

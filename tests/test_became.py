@@ -142,6 +142,7 @@ def test_heads_excluded_alpha_is_an_option():
     assert became.alphas[1] == diag["alpha_closed_form_shared"][1] != diag["alpha_closed_form_all"][1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stages, epochs, expected", [("split", 2, [1, 1]), ("split", 3, [2, 1]),
                                                       ("full", 2, [2, 2])])
 def test_stage_budget_splits_or_doubles_the_epochs(stages, epochs, expected):
@@ -224,6 +225,7 @@ def test_bad_hyperparameters_name_the_key(key, value):
         drive("became", "last-1", {key: value}, n_tasks=1)
 
 
+@pytest.mark.slow
 def test_alpha_zero_is_the_same_run_as_gpm_over_many_tasks():
     """Stage 2 must not shift later tasks' minibatch order (found in review: from task 3 on,
     BECAME at alpha = 0 trained GPM on other batches)."""

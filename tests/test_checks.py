@@ -61,6 +61,7 @@ def _task_sizes(spec):
     return [len(t.y_train) for t in tasks]
 
 
+@pytest.mark.slow
 def test_budget_counts_steps_samples_and_epochs_by_hand():
     spec = make_spec(dataset=make_spec().dataset.__class__("digits", 3, 2, "mlp"),
                      training=TrainingSpec(lr=0.05, momentum=0.9, epochs=2, batch_size=32))
@@ -74,6 +75,7 @@ def test_budget_counts_steps_samples_and_epochs_by_hand():
     assert rec.budget["epochs_per_stage"] == [[2], [2], [2]]
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_learn_is_flagged_and_a_trained_one_is_not():
     data = make_spec().dataset.__class__("digits", 3, 2, "mlp")
     frozen = run_one(make_spec(dataset=data, training=TrainingSpec(lr=1e-7, epochs=1, batch_size=32)), device="cpu")
@@ -89,6 +91,7 @@ def test_a_run_that_cannot_learn_is_flagged_and_a_trained_one_is_not():
     assert min(trained.acc_matrix[t][t] for t in range(3)) > 0.9
 
 
+@pytest.mark.slow
 def test_below_probe_fires_when_the_head_lags_separable_features():
     # task 1 trains the whole network; from task 2 only the head trains, far too slowly to learn
     # what its (task-1) features already separate
@@ -101,6 +104,7 @@ def test_below_probe_fires_when_the_head_lags_separable_features():
         assert rec.checks["probe_acc"][t] - rec.acc_matrix[t][t] > checks.PROBE_GAP
 
 
+@pytest.mark.slow
 def test_records_whose_warnings_were_edited_are_corrupt(tmp_path):
     from harness.config.specs import RunRecord
     from harness.execution.store import content_problem
@@ -140,6 +144,7 @@ def test_a_merge_is_checked_on_the_model_it_trained():
         [("below-probe", 0), ("below-probe", 1)]
 
 
+@pytest.mark.slow
 def test_merging_records_carry_the_trained_accuracy_and_others_do_not():
     from harness.run.engine import run_one
 

@@ -150,6 +150,7 @@ def test_contract_stream_is_two_tasks_of_two_seeded_classes():
     assert spec.dataset.name.startswith("npz:")
 
 
+@pytest.mark.slow
 def test_probe_sees_what_the_regime_freezes():
     """Independent of the contract's own bookkeeping: under `head`, task 2 moves heads only."""
     seen = {}

@@ -70,6 +70,7 @@ def test_sampled_batches_equal_the_per_sample_route():
         assert torch.equal(fx, sx) and torch.equal(ft, st) and fx.dtype == sx.dtype
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method, model, regime", [("gpm", "mlp", "last-1"), ("became", "small-cnn", "last-2")])
 def test_gpm_and_became_records_are_bitwise_those_of_the_per_sample_path(monkeypatch, method, model, regime):
     torch.set_num_threads(1)
@@ -153,6 +154,7 @@ def test_agem_reference_batch_takes_an_equal_share_of_every_task_memory():
     assert t.tolist() == [0] * 3 + [1] * 3 + [2] * 3 and len(x) == len(y) == 9
 
 
+@pytest.mark.slow
 def test_joint_trains_on_avalanches_concatenation_in_mixed_task_batches():
     seen = {}
 
@@ -170,6 +172,7 @@ def test_joint_trains_on_avalanches_concatenation_in_mixed_task_batches():
     assert record.budget["samples_per_task"][2] == 2 * len(y)  # 2 epochs over tasks 1..3
 
 
+@pytest.mark.slow
 def test_replay_runs_mix_memory_into_every_batch_from_task_two_on():
     spec = make_spec(method="replay", hparams={"mem_size": 40})
     plain = run_one(make_spec(), device="cpu")
@@ -181,6 +184,7 @@ def test_replay_runs_mix_memory_into_every_batch_from_task_two_on():
     assert all(s == p + 32 * n for s, p, n in zip(samples[1:], plain.budget["samples_per_task"][1:], steps[1:]))
 
 
+@pytest.mark.slow
 def test_runs_are_deterministic_on_the_tensor_paths():
     for method in ("replay", "agem", "joint"):
         spec = make_spec(method=method, hparams=dict(get_registry()[method].defaults))

@@ -72,6 +72,7 @@ def test_batches_cover_every_sample_once_per_epoch_in_a_seeded_order():
     assert [b[1].tolist() for b in again] == [b[1].tolist() for b in epochs[0]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("regime", ["full", "last-2", "head"])
 def test_naive_run_equals_a_hand_written_pytorch_loop(regime):
     spec = make_spec(regime=regime, epochs=2)
@@ -81,6 +82,7 @@ def test_naive_run_equals_a_hand_written_pytorch_loop(regime):
     assert record.acc_matrix == rows[1:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,regime,pretrain", [
     ("naive", "last-1", "first-task"), ("naive", "head", "none"), ("ewc-online", "last-2", "first-task"),
     ("gem", "head", "first-task"), ("magmax", "last-1", "first-task"), ("si", "last-1", "none")])
@@ -104,6 +106,7 @@ def test_the_cache_safe_declarations_are_the_verified_ones():
                                             "avg", "task-arithmetic", "ties", "randmix"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", _cache_safe_methods())
 def test_every_cache_safe_adapter_gives_the_uncached_record(method):
     spec = make_spec(method, "last-2", epochs=2 if method == "became" else 1)  # BECAME splits the epochs
@@ -113,6 +116,7 @@ def test_every_cache_safe_adapter_gives_the_uncached_record(method):
     assert same_numbers(cached, plain)
 
 
+@pytest.mark.slow
 def test_cache_with_tiny_last_batches():
     # 53 leaves last batches of 5, 7, 5, 1 samples: BLAS may round those differently
     spec = make_spec("naive", "last-2", batch_size=53, epochs=2)
@@ -122,6 +126,7 @@ def test_cache_with_tiny_last_batches():
     assert cached.acc_matrix == _common.plain_run(spec)[1:]
 
 
+@pytest.mark.slow
 def test_cache_with_batchnorm_blocks_small_cnn():
     spec = make_spec("naive", "last-1", model="small-cnn")
     cached, tasks = run(spec, cache=True)
@@ -129,12 +134,14 @@ def test_cache_with_batchnorm_blocks_small_cnn():
     assert tasks == [1, 2, 3, 4] and same_numbers(cached, plain)
 
 
+@pytest.mark.slow
 def test_no_cache_without_a_frozen_prefix_or_for_opted_out_methods():
     assert run(make_spec("naive", "full"))[1] == []
     assert run(make_spec("lwf", "head"))[1] == []  # LwF runs its previous model on mb_x
     assert run(make_spec("joint", "head"))[1] == []  # joint concatenates experiences: Avalanche's loader
 
 
+@pytest.mark.slow
 def test_a_method_declares_its_choice(tmp_path):
     src = ("from avalanche.training.supervised import Naive\nNAME = '{n}'\nDEFAULTS = {{}}\n"
            "def build(ctx):\n    s = Naive(**ctx.strategy_kwargs())\n    s.harness_prefix_cache = {v}\n"
@@ -148,6 +155,7 @@ def test_a_method_declares_its_choice(tmp_path):
     assert run(make_spec("cache-silent", "head"), method_files=files)[1] == []  # not verified
 
 
+@pytest.mark.slow
 def test_replay_keeps_its_own_dataloader():
     record, tasks = run(make_spec("replay", "last-1", hparams={"mem_size": 20}))
     assert tasks == [] and len(record.acc_matrix) == 5

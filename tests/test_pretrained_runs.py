@@ -17,6 +17,8 @@ from harness.run.engine import build_run_model, run_one
 
 from conftest import make_spec
 
+pytestmark = pytest.mark.slow  # every test here trains real models (runs, sweeps)
+
 FAST = TrainingSpec(lr=0.1, momentum=0.9, epochs=1, batch_size=32)
 DIGITS = DatasetSpec("digits", 3, 2, "mlp")
 

@@ -77,6 +77,7 @@ def ray_sweep(tmp_path_factory):
     return folder, records
 
 
+@pytest.mark.slow
 def test_ray_sweep_equals_inline(ray_sweep):
     folder, on_ray = ray_sweep
     inline = _sweep(folder / "inline", *_killers(folder), "--methods", "naive,lwf", "--executor", "inline")
@@ -89,6 +90,7 @@ def test_ray_sweep_equals_inline(ray_sweep):
         assert other["update_norms"]["shared"][1:] == pytest.approx(rec["update_norms"]["shared"][1:], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_ray_worker_death_is_retried(ray_sweep):
     folder, records = ray_sweep
     assert sorted(records) == ["kill-once", "lwf", "naive"]  # one record each, none lost

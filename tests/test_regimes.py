@@ -31,6 +31,7 @@ def test_apply_regime_freezes_and_keeps_frozen_blocks_in_eval_mode():
     assert all(p.requires_grad for p in model.heads.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("regime", ["head", "last-1", "last-2", "last-3", "full"])
 def test_frozen_parameters_and_buffers_unchanged_in_every_regime(regime, tmp_path):
     """An independent observer plugin snapshots frozen state after task 1 and at the end."""
@@ -85,6 +86,7 @@ def build(ctx):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("regime", ["head", "bitfit", "lora-r2", "last-1:lora-r2"])
 def test_engine_rejects_a_method_that_changes_frozen_weights(tmp_path, regime):
     """fc1's weight is frozen in every one of these regimes (under LoRA: the base of its adapter)."""

@@ -189,6 +189,7 @@ def test_l2_anchor_penalty_matches_a_hand_computation():
     assert plugin.harness_diagnostics()["l2_anchor_mean_penalty"] == [0.0, pytest.approx(1.5 * n * 0.01, rel=1e-5)]
 
 
+@pytest.mark.slow
 def test_l2_anchor_strength_trades_drift_and_mas_reduces_it():
     """strength 0 is sequential fine-tuning exactly; the drift after task 2 falls as strength grows."""
     def run(method, hparams):
@@ -233,6 +234,7 @@ def _records(results):
     return [json.loads(p.read_text()) for p in sorted((Path(results) / "smoke" / "runs").glob("*.json"))]
 
 
+@pytest.mark.slow
 def test_submit_runs_the_grid_for_the_method_and_marks_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("CL_BENCH_SUBMISSIONS", str(tmp_path / "empty"))  # the file below is the only l2-anchor

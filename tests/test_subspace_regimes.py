@@ -101,6 +101,7 @@ def test_lora_injects_adapters_only_in_the_regime_blocks_and_starts_at_the_same_
     assert counts["fraction"] == pytest.approx(counts["trainable"] / counts["total"])
 
 
+@pytest.mark.slow
 def test_lora_trains_only_adapter_parameters_and_heads():
     """A whole run: the optimizer holds adapters and heads only; base weights and BatchNorm
     statistics of the shared blocks are bitwise unchanged; the adapters moved."""
@@ -208,6 +209,7 @@ def test_trained_effective_names_map_adapters_to_their_weights():
 
 
 # -- methods act on what trains ---------------------------------------------------------------
+@pytest.mark.slow
 def test_magmax_under_lora_merges_effective_task_vectors_from_theta0():
     """pretrain none: θ0 = the initial model and task 1 contributes τ_1. The evaluated model's
     effective weights are θ0 + λ·(per element the largest-|τ| task vector), τ on W + BA."""
@@ -255,6 +257,7 @@ def test_gpm_is_refused_with_lora_and_allowed_when_restricted_to_depth(tmp_path)
     assert pairs == {("naive", "head"), ("naive", "lora-r4"), ("naive", "last-1"), ("gpm", "head"), ("gpm", "last-1")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ewc-online", "lwf", "replay", "agem"])
 def test_regularisers_and_rehearsal_run_on_lora_adapters(method):
     spec = make_spec(regime="last-2:lora-r2", method=method, pretrain="none", training=FAST,

@@ -29,6 +29,7 @@ def smoke_results(tmp_path_factory):
     return results
 
 
+@pytest.mark.slow
 def test_smoke_sweep_writes_one_valid_record_per_run(smoke_results, capsys):
     scan = scan_runs(smoke_results / "smoke" / "runs")
     assert len(scan.valid) == SMOKE_RUNS and not scan.invalid and not scan.stray
@@ -36,6 +37,7 @@ def test_smoke_sweep_writes_one_valid_record_per_run(smoke_results, capsys):
     assert {r.spec.regime for r in scan.valid.values()} == {"head", "full"}
 
 
+@pytest.mark.slow
 def test_rerun_skips_finished_runs(smoke_results, capsys):
     before = {p: p.stat().st_mtime_ns for p in (smoke_results / "smoke" / "runs").glob("*.json")}
     assert run_cli("--results", str(smoke_results)) == 0
@@ -45,6 +47,7 @@ def test_rerun_skips_finished_runs(smoke_results, capsys):
     assert before == after
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_grid(smoke_results, capsys):
     assert run_cli("--results", str(smoke_results), "--dry-run", "--regimes", "full") == 0
     out = capsys.readouterr().out
@@ -52,6 +55,7 @@ def test_dry_run_prints_the_grid(smoke_results, capsys):
     assert "done: 4   to run: 0" in out
 
 
+@pytest.mark.slow
 def test_corrupt_and_stray_files_are_detected_and_redone(smoke_results, tmp_path, capsys):
     import shutil
 
@@ -72,6 +76,7 @@ def test_corrupt_and_stray_files_are_detected_and_redone(smoke_results, tmp_path
     assert len(scan.valid) == SMOKE_RUNS and not scan.invalid and not scan.stray
 
 
+@pytest.mark.slow
 def test_resume_after_the_sweep_process_is_killed(tmp_path):
     results = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -97,6 +102,7 @@ def test_resume_after_the_sweep_process_is_killed(tmp_path):
     assert all((runs / n).stat().st_mtime_ns == t for n, t in first.items())  # nothing redone
 
 
+@pytest.mark.slow
 def test_jobs_two_gives_the_same_records_as_inline(smoke_results, tmp_path):
     results = tmp_path / "par"
     assert run_cli("--results", str(results), "--jobs", "2", "--orders", "1") == 0

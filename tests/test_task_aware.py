@@ -79,6 +79,7 @@ def records():
     return class_il, task_il
 
 
+@pytest.mark.slow
 def test_a_class_il_run_records_both_matrices(records):
     r, _ = records
     R, A = np.asarray(r.acc_matrix), np.asarray(r.acc_matrix_task_aware)
@@ -92,12 +93,14 @@ def test_a_class_il_run_records_both_matrices(records):
     assert r.metrics_task_aware["acc"] > r.metrics["acc"]
 
 
+@pytest.mark.slow
 def test_a_task_il_run_has_no_task_aware_fields(records):
     _, r = records
     assert len(r.acc_matrix) == 3
     assert (r.acc_matrix_task_aware, r.init_acc_task_aware, r.metrics_task_aware) == (None, None, None)
 
 
+@pytest.mark.slow
 def test_the_frame_shows_task_aware_acc_and_forgetting_after_drift(records):
     class_il, task_il = records
     frame = records_to_frame([class_il, task_il])
@@ -108,6 +111,7 @@ def test_the_frame_shows_task_aware_acc_and_forgetting_after_drift(records):
     assert math.isnan(frame["acc_task_aware"][1]) and math.isnan(frame["forgetting_task_aware"][1])
 
 
+@pytest.mark.slow
 def test_records_round_trip_through_json(records):
     for r in records:
         again = RunRecord.from_dict(json.loads(json.dumps(r.to_dict())))
@@ -125,6 +129,7 @@ def test_failed_records_carry_empty_task_aware_fields_in_class_il_only():
         assert parse_record(r.to_dict())[1] is None
 
 
+@pytest.mark.slow
 def test_the_schema_version_enters_the_run_id(records):
     r, _ = records
     assert SCHEMA_VERSION >= 4 and r.schema_version == SCHEMA_VERSION
@@ -162,6 +167,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(DAMAGE))
 def test_the_store_rejects_damaged_task_aware_fields(records, tmp_path, case):
     record, _ = records
@@ -173,6 +179,7 @@ def test_the_store_rejects_damaged_task_aware_fields(records, tmp_path, case):
     assert got is None and problem.kind == "corrupt" and reason in problem.reason, problem
 
 
+@pytest.mark.slow
 def test_the_store_rejects_task_aware_accuracies_below_class_il_ones(records):
     record, _ = records
     data = _damaged(record, acc_matrix_task_aware=_first(0.0))
@@ -183,6 +190,7 @@ def test_the_store_rejects_task_aware_accuracies_below_class_il_ones(records):
     assert problem.kind == "corrupt" and "task-aware accuracies are below its class-IL ones" in problem.reason
 
 
+@pytest.mark.slow
 def test_the_store_rejects_a_task_il_record_with_a_task_aware_matrix(records):
     _, record = records
     data = _damaged(record, acc_matrix_task_aware=record.acc_matrix)
@@ -190,6 +198,7 @@ def test_the_store_rejects_a_task_il_record_with_a_task_aware_matrix(records):
     assert problem.kind == "corrupt" and "a task-IL record with task-aware fields" in problem.reason
 
 
+@pytest.mark.slow
 def test_a_schema_3_record_is_foreign(records):
     data = _damaged(records[0], schema_version=3)
     _, problem = parse_record(data)

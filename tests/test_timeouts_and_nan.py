@@ -10,6 +10,8 @@ import pytest
 from harness.cli import main
 from harness.execution.store import load_records
 
+pytestmark = pytest.mark.slow  # every test here trains real models (runs, sweeps)
+
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = ("--no-progress", "--no-mlflow", "--no-leaderboard")
 

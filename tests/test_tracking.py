@@ -69,6 +69,7 @@ def _runs(results, kind="run"):
                               output_format="list")
 
 
+@pytest.mark.slow
 def test_sweep_in_mlflow_equals_records(swept):
     records = {r.run_id: r.to_dict() for r in load_records(swept, "track")}
     children = _runs(swept)
@@ -106,6 +107,7 @@ def _check_step_metrics(client, run_id: str, rec: dict) -> None:
     assert fc1 == {t: v for t, v in enumerate(rec["update_norms"]["per_block"]["fc1"]) if v is not None}
 
 
+@pytest.mark.slow
 def test_resume_adds_no_runs_and_backfills_missing(swept):
     before = {r.info.run_id for r in _runs(swept) + _runs(swept, "sweep")}
     assert _run(swept) == 0
@@ -119,6 +121,7 @@ def test_resume_adds_no_runs_and_backfills_missing(swept):
         {r.run_id for r in load_records(swept, "track")}
 
 
+@pytest.mark.slow
 def test_leaderboard_from_mlflow_matches_disk(swept, tmp_path):
     from harness.outputs.export import records_from_mlflow
 
@@ -130,6 +133,7 @@ def test_leaderboard_from_mlflow_matches_disk(swept, tmp_path):
     assert main(["leaderboard", "--from-mlflow", uri, "--experiment", "nope"]) == 2
 
 
+@pytest.mark.slow
 def test_no_mlflow_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'env.db'}")
     monkeypatch.chdir(tmp_path)
@@ -140,6 +144,7 @@ def test_no_mlflow_writes_nothing(tmp_path, monkeypatch):
     assert sorted(p.name for p in results.iterdir()) == ["track"]
 
 
+@pytest.mark.slow
 def test_broken_store_warns_once_and_the_sweep_finishes(tmp_path, capsys):
     results = tmp_path / "results"
     (tmp_path / "a-file").write_text("not a folder")
@@ -165,6 +170,7 @@ def test_record_metrics_by_hand():
         {"a.b": "1", "a.c": "{}", "d": "[1,2]", "e": "None"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
 def test_export_tidy_table(swept, tmp_path, fmt):
     import pandas as pd
@@ -182,6 +188,7 @@ def test_export_tidy_table(swept, tmp_path, fmt):
     assert main(["export", "--results", str(tmp_path / "empty"), "--format", fmt]) == 2
 
 
+@pytest.mark.slow
 def test_leaderboard_from_mlflow_shows_one_protocol_version(tmp_path, capsys):
     """Two versions logged into one experiment: the site shows one (before: lr 0.05 and 0.01 averaged)."""
     results = tmp_path / "results"

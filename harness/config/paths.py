@@ -4,15 +4,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parent.parent.parent
+from .resources import protocols_dir
+
 SUBMISSIONS_ENV = "CL_BENCH_SUBMISSIONS"
 CACHE_ENV = "CL_BENCH_CACHE"
 DATA_ENV = "CL_BENCH_DATA"
 
 
 def protocol_dirs() -> list[Path]:
-    """Where protocol names are looked up: ./protocols, then the repository's protocols/."""
-    return [Path("protocols"), REPOSITORY / "protocols"]
+    """Where protocol names are looked up: ./protocols, then the built-in protocols."""
+    return [Path("protocols"), protocols_dir()]
 
 
 def submissions_dir() -> Path:

@@ -45,12 +45,6 @@ def layer_input_matrix(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     raise TypeError(f"GPM: cannot build a representation for {type(layer).__name__}")
 
 
-def update_basis(basis: torch.Tensor | None, rep: torch.Tensor, eps: float) -> torch.Tensor:
-    """GPM memory update from a representation matrix R (rows = input dimension)."""
-    rep = rep.detach().to(torch.float64)
-    return update_basis_from_gram(basis, rep @ rep.T, eps)
-
-
 def update_basis_from_gram(basis: torch.Tensor | None, gram: torch.Tensor, eps: float) -> torch.Tensor:
     """GPM memory update from G = R Rᵀ (same result as the SVD of R, in O(d²) memory).
 

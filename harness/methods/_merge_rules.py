@@ -241,10 +241,3 @@ class SignCounter:
         """Every tensor this counter stores."""
         return [*self.pos.values(), *self.neg.values()]
 
-
-def sign_conflict_fraction(taus) -> float | None:
-    """Batch form of SignCounter.conflict_fraction."""
-    counter = SignCounter()
-    for tau in taus:
-        counter.add(tau)
-    return counter.conflict_fraction()

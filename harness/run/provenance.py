@@ -6,7 +6,7 @@ import socket
 import subprocess
 from functools import lru_cache
 
-from ..config.paths import REPOSITORY
+from ..config.resources import source_tree
 
 
 @lru_cache(maxsize=1)
@@ -25,8 +25,10 @@ def package_versions() -> dict:
 
 @lru_cache(maxsize=1)
 def git_sha() -> str | None:
-    """SHA of the checkout the harness runs from (with '+dirty' if modified), else None."""
-    root = REPOSITORY
+    """SHA of the checkout the harness runs from (with '+dirty' if modified), else None (installed)."""
+    root = source_tree()
+    if root is None:  # an installed package: git would report whatever repository holds site-packages
+        return None
     try:
         sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=5).stdout.strip()

@@ -20,7 +20,6 @@ from ..config.vocabulary import MODELS
 # torchvision's own attribute names of the stem (not cl-bench block names, which live in the vocabulary)
 STEM = tuple("conv1 bn1 relu maxpool".split())
 LAYERS = MODELS["resnet18"].blocks[1:]  # the four stages after the stem
-FEATURE_DIM = 512
 
 
 def resnet18_blocks(input_shape) -> list[nn.Module]:

@@ -156,6 +156,7 @@ def test_argument_lists_fail_in_one_line(command, rest, invoke, tmp_path):
     _check(code, out, err, "argv")
 
 
+@pytest.mark.slow
 def test_the_unmutated_record_is_valid(real_record, tmp_path):
     from harness.execution.store import scan_runs
 
@@ -182,6 +183,7 @@ def real_record(tmp_path_factory):
 RECORD_PATHS = None
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=int(__import__("os").environ.get("FUZZ_RECORDS", 300)))
 @given(data=st.data())
 def test_mutated_records_are_refused_or_consistent_never_a_crash(data, real_record, tmp_path):

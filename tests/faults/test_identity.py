@@ -37,6 +37,7 @@ def _grid_line(out: str) -> str:
     return next(line for line in out.splitlines() if line.startswith("done:"))
 
 
+@pytest.mark.slow
 def test_an_edited_method_file_is_not_reused(tmp_path, run_cli):
     method = tmp_path / "mine.py"
     method.write_text(textwrap.dedent(METHOD.format(strength=1)))
@@ -61,6 +62,7 @@ def _npz(path: Path, shift: float = 0.0) -> None:
     np.savez(path, x_train=x, y_train=y, x_test=x[::2], y_test=y[::2])
 
 
+@pytest.mark.slow
 def test_regenerated_npz_data_is_not_reused_and_relative_paths_follow_the_protocol(tmp_path, run_cli, monkeypatch):
     folder = tmp_path / "study"
     folder.mkdir()
@@ -140,6 +142,7 @@ def _copy(swept, tmp_path) -> tuple[Path, Path]:
     return proto, tmp_path / "r"
 
 
+@pytest.mark.slow
 def test_a_record_of_another_protocol_is_foreign(swept, tmp_path, run_cli):
     proto, results = _copy(swept, tmp_path)
     other = tiny_protocol(tmp_path, name="other", regimes=("last-1",))
@@ -155,6 +158,7 @@ def test_a_record_of_another_protocol_is_foreign(swept, tmp_path, run_cli):
     assert "other" not in index.split("<h1")[1].split("</h1>")[0]
 
 
+@pytest.mark.slow
 def test_edited_metrics_are_corrupt_and_the_run_is_redone(swept, tmp_path, run_cli):
     proto, results = _copy(swept, tmp_path)
     path = sorted((results / "tiny" / "runs").glob("*.json"))[0]
@@ -169,6 +173,7 @@ def test_edited_metrics_are_corrupt_and_the_run_is_redone(swept, tmp_path, run_c
     assert json.loads(path.read_text())["metrics"]["acc"] == true_acc
 
 
+@pytest.mark.slow
 def test_records_of_an_older_schema_are_foreign_not_rekeyed(swept, tmp_path):
     _, results = _copy(swept, tmp_path)
     path = sorted((results / "tiny" / "runs").glob("*.json"))[0]
@@ -181,6 +186,7 @@ def test_records_of_an_older_schema_are_foreign_not_rekeyed(swept, tmp_path):
     assert len(scan.valid) == 1 and "schema_version 1: written by another cl-bench" in scan.foreign[0][1]
 
 
+@pytest.mark.slow
 def test_each_view_shows_the_runs_protocol_version(swept, tmp_path, run_cli):
     proto, results = _copy(swept, tmp_path)
     v2 = tmp_path / "v2.yaml"
@@ -199,6 +205,7 @@ def test_each_view_shows_the_runs_protocol_version(swept, tmp_path, run_cli):
     assert code == 2 and "has no records of version '7'; allowed: 1, 2" in err
 
 
+@pytest.mark.slow
 def test_a_protocol_edited_without_a_version_bump_is_never_averaged(swept, tmp_path, run_cli):
     proto, results = _copy(swept, tmp_path)
     edited = tmp_path / "edited.yaml"
@@ -237,6 +244,7 @@ def test_an_integer_for_a_float_hyperparameter_is_the_same_setting(tmp_path):
         load_protocol(str(bad), get_registry())
 
 
+@pytest.mark.slow
 def test_reproduce_reruns_a_record_of_a_yaml_path_protocol_bitwise(swept, tmp_path, run_cli):
     _, results = _copy(swept, tmp_path)
     path = sorted((results / "tiny" / "runs").glob("*.json"))[0]
@@ -247,6 +255,7 @@ def test_reproduce_reruns_a_record_of_a_yaml_path_protocol_bitwise(swept, tmp_pa
     assert again["acc_matrix"] == json.loads(path.read_text())["acc_matrix"]
 
 
+@pytest.mark.slow
 def test_reproduce_of_a_method_file_record_and_of_a_changed_method_file(tmp_path, run_cli):
     method = tmp_path / "mine.py"
     method.write_text(textwrap.dedent(METHOD.format(strength=1)))
@@ -269,6 +278,7 @@ def test_the_site_shows_a_shell_quoted_reproduce_command(tmp_path, run_cli):
     assert shlex.split(cmd)[-1] == "my results;touch PWN"  # pasted, it runs no second command
 
 
+@pytest.mark.slow
 def test_reproduce_reports_a_corrupt_or_missing_record(swept, tmp_path, run_cli):
     _, results = _copy(swept, tmp_path)
     path = sorted((results / "tiny" / "runs").glob("*.json"))[0]
@@ -279,6 +289,7 @@ def test_reproduce_reports_a_corrupt_or_missing_record(swept, tmp_path, run_cli)
     assert code == 2 and "no record 000000000000 under" in err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60) if hasattr(pytest.mark, "timeout") else (lambda f: f)
 def test_a_fifo_a_device_link_and_an_oversized_file_never_hang_or_count(swept, tmp_path, run_cli):
     _, results = _copy(swept, tmp_path)
@@ -316,6 +327,7 @@ def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path, run_cli):
     assert code == 2 and "its YAML aliases expand to more than 100,000 nodes" in err
 
 
+@pytest.mark.slow
 def test_submit_whose_every_run_failed_exits_non_zero_with_the_errors(tmp_path, run_cli, bad_method_files,
                                                                        monkeypatch):
     monkeypatch.setenv("CL_BENCH_SUBMISSIONS", str(tmp_path / "none"))

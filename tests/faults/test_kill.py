@@ -24,6 +24,8 @@ from harness.execution.store import TMP_MARK, load_records, read_record, scan_ru
 
 from .conftest import REPO, tiny_protocol
 
+pytestmark = pytest.mark.slow  # every test here trains real models (runs, sweeps)
+
 SEED = 9
 KILLS = 12
 RUNS = 16  # digits, 2 regimes x 2 methods x 4 task orders

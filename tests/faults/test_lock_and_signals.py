@@ -99,6 +99,7 @@ def _sweep_command(tmp_path):
             str(tmp_path / "res"), "--no-mlflow", "--no-progress", "--no-leaderboard", "--jobs", "1"]
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_sweep_like_ctrl_c_and_the_same_command_resumes(tmp_path):
     cmd = _sweep_command(tmp_path)
     empty = tmp_path / "no-submissions"

@@ -18,6 +18,7 @@ from .conftest import tiny_protocol
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "analysis" / "records.json"
 
 
+@pytest.mark.slow
 def test_raising_nan_and_hanging_methods_become_records_and_the_board_shows_them(
         tmp_path, run_cli, bad_method_files):
     proto = tiny_protocol(tmp_path, methods=("naive", "raises", "nan", "hangs"), regimes=("head",))

@@ -19,6 +19,8 @@ from harness.execution.store import TMP_MARK, load_records, scan_runs
 
 from .conftest import tiny_protocol
 
+pytestmark = pytest.mark.slow  # every test here trains real models (runs, sweeps)
+
 QUIET = ("--no-progress", "--no-mlflow", "--jobs", "1")
 
 

@@ -12,12 +12,12 @@ import re
 import jinja2
 from markupsafe import Markup
 
-from ...config.paths import REPOSITORY
+from ...config.resources import static_dir, templates_dir
 from ...config.metrics import METRICS
 from .filters import FILTERS, slug
 
-TEMPLATES = REPOSITORY / "leaderboard" / "templates"
-STATIC = REPOSITORY / "leaderboard" / "static"
+TEMPLATES = templates_dir()
+STATIC = static_dir()
 _COLOUR = re.compile(r"#[0-9a-fA-F]{3,8}")
 
 
