@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
@@ -11,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config.errors import UserError
+from ..config.files import atomic_path
 from ..config.paths import cache_dir, data_dir
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
 
@@ -83,9 +83,8 @@ def _mnist1d(**_) -> TensorData:
 
 
 def _atomic_savez(path: Path, arrays: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:  # a file object: savez would add ".npz" to a name
+        np.savez(fh, **arrays)
 
 
 # name -> (torchvision class name, channels, normalisation mean, std)

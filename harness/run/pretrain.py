@@ -22,7 +22,6 @@ import hashlib
 import json
 import math
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -31,8 +30,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..config.files import atomic_path, file_sha256
 from ..config.paths import cache_dir
-from ..config.pretrain import (DatasetRecipe, PretrainError, check_pretrain_for_model, file_sha256,
+from ..config.pretrain import (DatasetRecipe, PretrainError, check_pretrain_for_model,
                                is_own_holdout, resolve_for_dataset)
 from ..config.vocabulary import PRETRAIN_MODES, pretrain_label, pretrain_source
 from .datasets import TensorData, dataset_fingerprint, load_dataset
@@ -341,12 +341,8 @@ def _locked(path: Path):
 
 def _atomic_save(state: dict, path: Path) -> None:
     # A reader sees the old file or the whole new one, never a partial write.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
+    with atomic_path(path) as tmp:
         torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # -- dataset: training -----------------------------------------------------------------------------

@@ -20,7 +20,8 @@ import pandas as pd
 import pytest
 
 from harness.analysis.tables import analyse
-from harness.execution.store import TMP_MARK, load_records, read_record, scan_runs
+from harness.config.files import TMP_MARK
+from harness.execution.store import load_records, read_record, scan_runs
 
 from .conftest import REPO, tiny_protocol
 

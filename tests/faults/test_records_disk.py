@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.execution.store import TMP_MARK, load_records, scan_runs
+from harness.config.files import TMP_MARK
+from harness.execution.store import load_records, scan_runs
 
 from .conftest import tiny_protocol
 
