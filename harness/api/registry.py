@@ -10,16 +10,13 @@ import pkgutil
 import sys
 from pathlib import Path
 
-from ..config.errors import UserError
+from ..config.errors import RegistryError
 from ..config.files import file_sha256
 from ..config.paths import submission_files, submissions_dir
 from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, REGIME_FAMILIES
 from .contract import MethodAdapter
 
 METHODS_PACKAGE = "harness.methods"  # one module per built-in method family, nothing else
-
-class RegistryError(UserError, ValueError):
-    """A method module is unusable; the message names the file and the reason."""
 
 
 def adapters_from_module(module, source: str) -> list[MethodAdapter]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..config.errors import UserError
+from ..config.errors import UsageError
 from ..config.paths import DATA_ENV
 from ..config.vocabulary import METRICS
 
@@ -57,18 +57,12 @@ SUBMIT_EXAMPLES = """examples:
 """
 
 
-
-
 ROPE_HELP = ("region of practical equivalence of the Bayesian method comparison, in ACC points "
              "(a finite number > 0; default 1.0)")
 REPORT_FORMATS = ("latex", "markdown")
 FIGURE_FORMATS = ("pdf", "png")
 INCLUDE_FLAGGED_HELP = ("rank flagged runs too (records with learning-check warnings; "
                         "default: left out of rankings)")
-
-
-class UsageError(UserError):
-    """A command line argparse rejects (unknown flag, bad value): one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from .errors import UserError
+from .errors import ProtocolError
 from .pretrain import PretrainError, check_pretrain_for_model, parse_pretrain
 from .paths import protocol_dirs
 from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
@@ -27,10 +27,6 @@ MAX_ORDERS = 1000
 # YAML aliases share nodes: a 1 KB file can expand to billions ("billion laughs"). A protocol
 # has a few hundred nodes; refuse to build more than this many.
 MAX_YAML_NODES = 100_000
-
-
-class ProtocolError(UserError, ValueError):
-    """A protocol mistake: one line naming file, key, value and what is allowed."""
 
 
 def available_protocols() -> list[str]:

@@ -6,15 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.errors import UserError
+from ..config.errors import SweepError
 from ..config.pretrain import resolve_for_dataset
 from ..config.specs import DatasetSpec, Protocol, RunSpec
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
 from .store import runs_dir, scan_runs
-
-
-class SweepError(UserError, RuntimeError):
-    """The sweep cannot start or continue (locked or unwritable results folder, unknown run id, …)."""
 
 
 def class_order(n_classes: int, order_index: int, seed: int) -> tuple[int, ...]:

@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config.errors import SweepError
 from ..config.specs import RunRecord
-from .plan import SweepError
 from .store import discover_protocol_dirs, read_record, write_record
 
 # What a rerun must reproduce; timings and provenance (host, time) may differ.

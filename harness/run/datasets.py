@@ -9,14 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.errors import UserError
+from ..config.errors import DatasetError
 from ..config.files import atomic_path
 from ..config.paths import cache_dir, data_dir
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
-
-
-class DatasetError(UserError, ValueError):
-    """A dataset cannot be loaded; the message says why and how to fix it."""
 
 
 @dataclass(frozen=True)
