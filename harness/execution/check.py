@@ -57,6 +57,12 @@ class CheckResult:
         """True when nothing is wrong."""
         return not self.findings
 
+    def verdict(self) -> str:
+        """The closing line: the contract holds (checks passed) or is broken (problems found)."""
+        if self.ok:
+            return f"{self.target}: the adapter contract holds ({len(self.passed)} checks passed)"
+        return f"{self.target}: the adapter contract is broken ({len(self.findings)} problem(s)); see {README}"
+
 
 # Engine error texts (harness/run/engine.py) -> (check id, how to fix).
 ENGINE_FAILURES = (

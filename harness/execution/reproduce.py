@@ -45,6 +45,11 @@ class Reproduction:
     max_delta: float
     seconds: float
 
+    @property
+    def reproduced(self) -> bool:
+        """Whether the rerun equals the record, bitwise or in its metrics within tolerance."""
+        return self.verdict in ("bitwise", "metrics")
+
 
 def find_record(run_id: str, results) -> tuple[RunRecord, Path]:
     """The valid record `run_id` under a results folder (any protocol); a SweepError otherwise."""

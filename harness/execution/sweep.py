@@ -29,6 +29,11 @@ class SweepResult:
     signal: str | None = None  # what interrupted it: "SIGINT" (Ctrl-C) or "SIGTERM"; None if it ran out
     wall_s: float = 0.0
 
+    @property
+    def exit_code(self) -> int:
+        """0 for a sweep that ran out; 128 + the signal number for one stopped by SIGINT/SIGTERM."""
+        return {"SIGINT": 130, "SIGTERM": 143}.get(self.signal, 130) if self.interrupted else 0
+
 
 def check_writable(folder: Path) -> None:
     """Fail before any run if the results folder cannot be written."""
@@ -68,7 +73,7 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
 def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_record, log, result) -> None:
     """Clean the folder, run the plan's specs, write each record as it arrives (the lock is held)."""
     # only the lock holder may touch files: a concurrent sweep's temp files are not stray
-    # (the files that are not counted were reported with the plan: cli.commands.format_plan)
+    # (the files that are not counted were reported with the plan: service.sweeps.format_plan)
     for path in plan.stray:
         path.unlink(missing_ok=True)
     _prepare_pretrained(plan.todo, options, log)
