@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..config.errors import SweepError
-from .catalog import check
 from .records import build_leaderboard, print_summary
-from .requests import CheckRequest, ReproduceRequest, SubmitRequest, SweepRequest
+from .requests import ReproduceRequest, SubmitRequest, SweepRequest
 
 if TYPE_CHECKING:
     from ..config.specs import Protocol
@@ -77,11 +76,12 @@ def run(req: SweepRequest, log: Log = print) -> SweepOutcome:
 def submit(req: SubmitRequest, log: Log = print) -> SubmitOutcome:
     """Check a method file; if the contract holds, run its grid under the protocol (records marked
     with the file's sha256) and rebuild the leaderboard."""
+    from ..execution.check import check
     from ..execution.submission import prepare
 
     s = req.sweep
     _start_workers_early(s)
-    checked = check(CheckRequest(req.file, req.check_device))
+    checked = check(req.file, device=req.check_device)
     if not checked.ok:
         return SubmitOutcome(checked)
     log("\n".join(checked.passed))
