@@ -71,14 +71,21 @@ def spec_factory():
 
 
 @pytest.fixture
-def cli(monkeypatch, tmp_path):
-    """Run `cl-bench` in-process from the repository root; returns (exit code, stdout, stderr)."""
+def cli(capsys, monkeypatch):
+    """Run `cl-bench ARGS` in-process from the repository root; returns (exit code, stdout, stderr) of
+    that call (arguments may be paths; `--help` gives its SystemExit code)."""
     from harness.cli import main
 
-    def invoke(*argv):
-        return main(list(argv))
-
     monkeypatch.chdir(ROOT)
+
+    def invoke(*argv):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as exc:
+            code = exc.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
     return invoke
 
 

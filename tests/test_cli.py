@@ -80,13 +80,71 @@ def test_list_shows_registered_names(capsys, monkeypatch):
         assert name in out
 
 
-def test_parser_is_importable_without_torch():
+def test_parser_is_importable_without_torch_or_the_service_wing():
     import subprocess
     import sys
 
-    code = "import sys, harness.cli; harness.cli.build_parser(); print('torch' in sys.modules)"
+    # `--help` needs the parser only: the service wing (dataclasses by the dozen) would slow it
+    code = ("import sys, harness.cli; harness.cli.build_parser(); "
+            "print(sorted(m for m in ('torch', 'harness.service', 'harness.service.requests') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False"
+    assert out.strip() == "[]"
+
+
+def _requests():
+    from harness import service
+
+    return [(["run", "--protocol", "p"], service.SweepRequest("p")),
+            (["submit", "f.py", "--protocol", "p"], service.SubmitRequest("f.py", service.SweepRequest(
+                "p", method_files=("f.py",)))),
+            (["check", "f.py"], service.CheckRequest("f.py")),
+            (["list"], service.ListRequest()),
+            (["leaderboard"], service.LeaderboardRequest()),
+            (["export"], service.ExportRequest()),
+            (["report", "--format", "markdown"], service.ReportRequest(format="markdown")),
+            (["figures", "--out", "figures"], service.FiguresRequest()),
+            (["reproduce", "0123456789ab"], service.ReproduceRequest("0123456789ab"))]
+
+
+def test_the_parser_and_the_requests_agree_on_every_default():
+    from harness.cli.requests import request_from_args
+
+    for argv, expected in _requests():
+        assert request_from_args(build_parser().parse_args(argv)) == expected, argv
+
+
+def test_every_flag_reaches_a_field_of_its_request():
+    """A flag whose dest names no request field would be parsed and then dropped."""
+    import argparse
+    from dataclasses import fields
+
+    from harness.cli.requests import REQUESTS
+    from harness.service import SweepRequest
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(REQUESTS)
+    for command, parser in sub.choices.items():
+        names = {f.name for f in fields(REQUESTS[command])}
+        if command == "submit":
+            names |= {f.name for f in fields(SweepRequest)}
+        dests = {a.dest for a in parser._actions if a.dest != "help"}
+        assert dests <= names, (command, dests - names)
+
+
+def test_the_library_api_plans_a_dry_run_without_printing(tmp_path, capsys, monkeypatch):
+    from conftest import ROOT
+
+    from harness import service
+
+    monkeypatch.chdir(ROOT)
+    lines = []
+    outcome = service.run(service.SweepRequest("smoke", results=str(tmp_path), dry_run=True), log=lines.append)
+    assert capsys.readouterr().out == ""
+    assert outcome.exit_code == 0 and outcome.result is None and outcome.site is None
+    assert outcome.plan.counts()["total"] == len(outcome.plan.todo) == 8
+    assert "grid: 1 datasets x 2 regimes x 2 methods x 2 task orders x 1 seeds = 8 runs" in lines[0]
+    sections = service.list(service.ListRequest("datasets"))
+    assert [s.name for s in sections] == ["datasets"] and "digits" in next(iter(sections[0].lines))
 
 
 @pytest.mark.parametrize("argv", [["leaderboard"], ["run", "--protocol", "smoke"], ["report", "--format", "latex"]])
@@ -95,14 +153,15 @@ def test_rope_flag_parses_in_acc_points(argv):
 
     assert request_from_args(build_parser().parse_args(argv)).rope == 1.0
     assert request_from_args(build_parser().parse_args([*argv, "--rope", "0.25"])).rope == 0.25
-    from harness.cli.parser import UsageError
+    from harness.config.errors import UsageError
 
     with pytest.raises(UsageError, match="--rope: expected a finite number > 0"):
         build_parser().parse_args([*argv, "--rope", "0"])
 
 
 def test_report_and_figures_requests():
-    from harness.cli.requests import FiguresRequest, ReportRequest, request_from_args
+    from harness.cli.requests import request_from_args
+    from harness.service import FiguresRequest, ReportRequest
 
     req = request_from_args(build_parser().parse_args(
         ["report", "--results", "r", "--format", "latex", "--out", "t.tex", "--metric", "aia", "--include-flagged"]))
@@ -113,7 +172,7 @@ def test_report_and_figures_requests():
 
 
 def test_leaderboard_passes_rope_to_the_site(monkeypatch, tmp_path):
-    from harness.cli import commands
+    from harness import service
     from harness.execution import store, views
     from harness.outputs import site
 
@@ -124,20 +183,20 @@ def test_leaderboard_passes_rope_to_the_site(monkeypatch, tmp_path):
     (tmp_path / "proto" / "runs").mkdir(parents=True)
     assert main(["leaderboard", "--results", str(tmp_path), "--rope", "0.5"]) == 0
     assert seen["rope"] == 0.5
-    commands.build_leaderboard(tmp_path, "proto", out=str(tmp_path), rope=2.0)
+    service.build_leaderboard(tmp_path, "proto", out=str(tmp_path), rope=2.0)
     assert seen["rope"] == 2.0
 
 
 def test_report_passes_rope_to_the_analysis(monkeypatch, tmp_path, capsys):
     from harness.analysis import tables
-    from harness.cli import commands
+    from harness.service import records
 
     seen = {}
 
     class Stop(Exception):
         pass
 
-    monkeypatch.setattr(commands, "paper_records", lambda *a, **k: ["record"])
+    monkeypatch.setattr(records, "paper_records", lambda *a, **k: ["record"])
     monkeypatch.setattr(tables, "analyse", lambda recs, **kw: seen.update(kw) or (_ for _ in ()).throw(Stop()))
     with pytest.raises(Stop):
         main(["report", "--results", str(tmp_path), "--format", "markdown", "--rope", "0.75", "--include-flagged"])

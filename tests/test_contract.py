@@ -38,6 +38,10 @@ BAD = {
                      "load", "import failed: ModuleNotFoundError"),
     "build_raises": ("NAME = 'boom'\nDEFAULTS = {}\ndef build(ctx):\n    raise RuntimeError('kaboom')\n",
                      "build", "build() raised RuntimeError: kaboom at "),
+    # a method's own error that reads like the engine's is the method's error, not a contract breach
+    "engine_lookalike": ("NAME = 'mimic'\nDEFAULTS = {}\ndef build(ctx):\n"
+                         "    raise RuntimeError('the strategy never called the harness plugins')\n",
+                         "build", "build() raised RuntimeError: the strategy never called the harness plugins at "),
     "non_strategy": ("NAME = 'nostrat'\nDEFAULTS = {}\ndef build(ctx):\n    return ctx.model\n",
                      "strategy", "returned CLNet, not an Avalanche strategy"),
     "drops_plugins": (NAIVE_HEADER.format(name="sneaky") + textwrap.dedent("""
@@ -164,3 +168,14 @@ def test_probe_sees_what_the_regime_freezes():
     before, after = seen[("before_task", 1)], seen[("after_task", 1)]
     moved = {n for n in before if not torch.equal(before[n], after[n])}
     assert moved and all(n.startswith("heads.1.") for n in moved)
+
+
+def test_every_contract_breach_has_a_fix_and_survives_pickling():
+    import pickle
+
+    from harness.execution.check import BREACH_FIXES
+    from harness.run.engine import AdapterError, Breach
+
+    assert set(BREACH_FIXES) == {b.value for b in Breach}
+    again = pickle.loads(pickle.dumps(AdapterError("frozen: fc1.weight", Breach.FROZEN)))
+    assert (str(again), again.breach) == ("frozen: fc1.weight", Breach.FROZEN)

@@ -276,7 +276,7 @@ def test_include_flagged_flag_parses(argv):
 
 
 def test_build_leaderboard_passes_the_flag_to_the_site(monkeypatch, tmp_path):
-    from harness.cli import commands
+    from harness import service
     from harness.execution import store, views
     from harness.outputs import site
 
@@ -284,5 +284,5 @@ def test_build_leaderboard_passes_the_flag_to_the_site(monkeypatch, tmp_path):
     monkeypatch.setattr(store, "load_records", lambda *a, **k: ["record"])
     monkeypatch.setattr(views, "view_records", lambda recs, *a, **k: recs)
     monkeypatch.setattr(site, "build_site", lambda recs, out, **kw: seen.update(kw) or out / "index.html")
-    commands.build_leaderboard(tmp_path, "p", out=str(tmp_path), include_flagged=True)
+    service.build_leaderboard(tmp_path, "p", out=str(tmp_path), include_flagged=True)
     assert seen["include_flagged"] is True

@@ -276,20 +276,20 @@ BROKEN = {
 
 
 @pytest.mark.parametrize("defect", sorted(BROKEN))
-def test_check_reports_a_broken_plugin_in_one_line_naming_file_and_plugin(tmp_path, defect, cli, capsys):
+def test_check_reports_a_broken_plugin_in_one_line_naming_file_and_plugin(tmp_path, defect, cli):
     edit, message = BROKEN[defect]
     path = tmp_path / "broken.py"
     path.write_text(eval(edit).format(n_classes=4))  # noqa: S307  (the table's own literals)
-    assert cli("check", str(path)) == 2
-    err = capsys.readouterr().err
+    code, _, err = cli("check", str(path))
+    assert code == 2
     first = next(line for line in err.splitlines() if line.startswith("✗"))
     assert f"{path}: " in first and message in first, err
     assert f"{path}: the plug-in contract is broken" in err
 
 
-def test_check_passes_a_good_plugin_file(tmp_path, cli, capsys):
-    assert cli("check", str(tiny_file(tmp_path))) == 0
-    out = capsys.readouterr().out
+def test_check_passes_a_good_plugin_file(tmp_path, cli):
+    code, out, _ = cli("check", str(tiny_file(tmp_path)))
+    assert code == 0
     assert "backbone 'tiny-net': builds for input (6,)" in out and "dataset 'tiny-data': 96 train / 24 test" in out
     assert "regime 'weights': weights-w2 on mlp-bn" in out and "the plug-in contract holds" in out
 
@@ -324,17 +324,18 @@ EXAMPLE_GRIDS = {  # example -> (protocol body, how the file is given)
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLE_GRIDS))
-def test_each_worked_example_checks_and_runs_a_small_grid(example, tmp_path, cli, capsys, monkeypatch):
+def test_each_worked_example_checks_and_runs_a_small_grid(example, tmp_path, cli, monkeypatch):
     monkeypatch.setenv("CL_BENCH_DATA", str(shapes_folder(tmp_path / "data")))
     file = EXAMPLES / example
-    assert cli("check", str(file)) == 0, capsys.readouterr().err
+    code, _, err = cli("check", str(file))
+    assert code == 0, err
     body, how = EXAMPLE_GRIDS[example]
     if how == "protocol":  # relative to the protocol file
         body = f"plugins: [{os.path.relpath(file, tmp_path)}]\n" + body
     path = protocol(tmp_path, body + "training: {epochs: 1, batch_size: 16}\n")
     flags = ["--plugin", str(file)] if how == "flag" else []
     assert cli("run", "--protocol", str(path), "--results", str(tmp_path / "res"), "--jobs", "1", "--no-mlflow",
-               "--no-leaderboard", "--no-progress", *flags) == 0
+               "--no-leaderboard", "--no-progress", *flags)[0] == 0
     records = [json.loads(p.read_text()) for p in sorted((tmp_path / "res" / "plug" / "runs").glob("*.json"))]
     digest = "sha256:" + hashlib.sha256(file.read_bytes()).hexdigest()[:16]
     assert records and all(r["status"] == "ok" for r in records)
@@ -342,12 +343,12 @@ def test_each_worked_example_checks_and_runs_a_small_grid(example, tmp_path, cli
     assert all({p["source"] for p in r["provenance"]["plugins"].values()} == {str(file)} for r in records)
 
 
-def test_a_plugin_record_reproduces_bitwise(tmp_path, cli, capsys):
+def test_a_plugin_record_reproduces_bitwise(tmp_path, cli):
     path = protocol(tmp_path, EXAMPLE_GRIDS["kernels.py"][0] + "training: {epochs: 1, batch_size: 16}\n")
     results = str(tmp_path / "res")
     assert cli("run", "--protocol", str(path), "--results", results, "--jobs", "1", "--no-mlflow",
-               "--no-leaderboard", "--no-progress", "--plugin", str(EXAMPLES / "kernels.py")) == 0
+               "--no-leaderboard", "--no-progress", "--plugin", str(EXAMPLES / "kernels.py"))[0] == 0
     (run_id,) = [p.stem for p in (tmp_path / "res" / "plug" / "runs").glob("*.json")]
     registry._CACHE.clear()
-    assert cli("reproduce", run_id, "--results", results) == 0
-    assert "reproduced: bitwise equal" in capsys.readouterr().out
+    code, out, _ = cli("reproduce", run_id, "--results", results)
+    assert code == 0 and "reproduced: bitwise equal" in out

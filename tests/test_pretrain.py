@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from harness.config.errors import UserError
-from harness.config.pretrain import Pretrain, PretrainError, PretrainKind, parse_pretrain
+from harness.config.errors import PretrainError
+from harness.config.pretrain import Pretrain, PretrainKind, parse_pretrain
 from harness.config.specs import SCHEMA_VERSION, DatasetSpec, RunSpec
 
 from conftest import make_spec

@@ -107,13 +107,12 @@ training: {{epochs: 1, batch_size: 64}}
     return path
 
 
-def test_a_sweep_pretrains_once_and_every_record_names_the_same_weights(tmp_path, cli, capsys):
+def test_a_sweep_pretrains_once_and_every_record_names_the_same_weights(tmp_path, cli):
     protocol = _protocol(tmp_path, "{dataset: same, holdout: 0.2, epochs: 1}")
-    code = cli("run", "--protocol", str(protocol), "--results", str(tmp_path / "r"), "--no-mlflow",
-               "--no-leaderboard", "--jobs", "1")
-    out = capsys.readouterr()
-    assert code == 0, out.err
-    assert out.out.count("pretrain: training") + out.err.count("pretrain: training") == 1
+    code, out, err = cli("run", "--protocol", protocol, "--results", tmp_path / "r", "--no-mlflow",
+                         "--no-leaderboard", "--jobs", "1")
+    assert code == 0, err
+    assert out.count("pretrain: training") + err.count("pretrain: training") == 1
     [cached] = list((tmp_path / "cache" / "pretrained").glob("*.pt"))
     records = [json.loads(p.read_text()) for p in (tmp_path / "r" / "pre" / "runs").glob("*.json")]
     assert len(records) == 2 and all(r["status"] == "ok" for r in records)
@@ -123,11 +122,11 @@ def test_a_sweep_pretrains_once_and_every_record_names_the_same_weights(tmp_path
     assert fractions[0] < fractions[1]  # head < lora-r1: adapters count as trainable
 
 
-def test_a_checkpoint_that_does_not_fit_stops_the_sweep_with_one_line(tmp_path, cli, capsys):
+def test_a_checkpoint_that_does_not_fit_stops_the_sweep_with_one_line(tmp_path, cli):
     torch.save({"blocks.fc1.1.weight": torch.zeros(3, 3)}, tmp_path / "bad.pt")
     protocol = _protocol(tmp_path, "{checkpoint: bad.pt}")
-    code = cli("run", "--protocol", str(protocol), "--results", str(tmp_path / "r"), "--no-mlflow", "--no-leaderboard")
-    err = capsys.readouterr().err.strip()
+    code, _, err = cli("run", "--protocol", protocol, "--results", tmp_path / "r", "--no-mlflow", "--no-leaderboard")
+    err = err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "bad.pt" in err or "checkpoint" in err
     assert not list((tmp_path / "r").glob("pre/runs/*.json"))

@@ -92,7 +92,8 @@ def test_two_node_cluster_sweep_equals_inline(tmp_path, cli):
     assert {n["node_id"] for n in notes} == set(node_ids), notes
     assert all(n["alive_nodes"] == 2 for n in notes), notes
 
-    assert cli(*argv, "--executor", "inline", "--results", str(tmp_path / "inline")) == 0
+    code, _, err = cli(*argv, "--executor", "inline", "--results", tmp_path / "inline")
+    assert code == 0, err
     on_ray, inline = _records(tmp_path / "on-ray"), _records(tmp_path / "inline")
     assert len(inline) == GRID and sorted(on_ray) == sorted(inline)
     for run_id, rec in inline.items():

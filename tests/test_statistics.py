@@ -213,9 +213,8 @@ def test_task_curves_mean_over_runs():
 
 # ------------------------------------------------------------- where the power warnings appear
 
-def test_dry_run_warns_about_tests_the_design_cannot_decide(cli, capsys, tmp_path):
-    code = cli("run", "--protocol", "depth-sweep-mini", "--dry-run", "--results", str(tmp_path))
-    out = capsys.readouterr().out
+def test_dry_run_warns_about_tests_the_design_cannot_decide(cli, tmp_path):
+    code, out, _ = cli("run", "--protocol", "depth-sweep-mini", "--dry-run", "--results", tmp_path)
     assert code == 0
     assert "power warning: paired Wilcoxon" in out and "needs >= 11 task orders" in out
 

@@ -1,6 +1,7 @@
 """Every registered method passes the adapter contract; discovery; the examples; `cl-bench submit`."""
 import contextlib
 import json
+import textwrap
 import types
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -13,8 +14,8 @@ from harness.execution.check import check_adapter, contract_spec
 from harness.run.engine import run_one
 from harness.config.protocol import load_protocol, select
 from harness.execution.plan import expand
-from harness.api.registry import (ENTRY_POINT_GROUP, RegistryError, discover, file_sha256,
-                              get_registry)
+from harness.api.registry import ENTRY_POINT_GROUP, RegistryError, discover, get_registry
+from harness.config.files import file_sha256
 from harness.execution.submission import with_method
 
 from conftest import ROOT
@@ -273,3 +274,32 @@ def test_submit_refuses_a_file_that_fails_the_check(tmp_path, capsys, monkeypatc
     assert _submit(bad, tmp_path / "results") == 2
     assert "not an Avalanche strategy" in capsys.readouterr().err
     assert not (tmp_path / "results").exists()
+
+
+def test_submit_redoes_the_files_unsubmitted_records_and_counts_no_missing_data(tmp_path, cli, monkeypatch):
+    """A record of the very file made by `run --method FILE` (no submission provenance) is run again
+    by `submit`; a dry run still leaves out the runs of a data set that is not there."""
+    monkeypatch.setenv("CL_BENCH_SUBMISSIONS", str(tmp_path / "empty"))  # the file below is the only l2-anchor
+    path, results = tmp_path / "my_l2.py", tmp_path / "results"
+    path.write_text((ROOT / "submissions" / "l2_anchor.py").read_text())
+    protocol = tmp_path / "two.yaml"
+    protocol.write_text(textwrap.dedent("""\
+        name: two
+        version: "1"
+        datasets: [{name: digits, n_tasks: 2, classes_per_task: 2, model: mlp},
+                   {name: mnist, n_tasks: 2, classes_per_task: 2}]
+        regimes: [head]
+        methods: [l2-anchor]
+        task_orders: {count: 1, seed: 0}
+        seeds: [0]
+        training: {optimizer: sgd, lr: 0.05, epochs: 1, batch_size: 64}
+        """))
+    quiet = ("--results", results, "--no-mlflow", "--no-progress", "--jobs", "1")
+    code, _, err = cli("run", "--protocol", protocol, "--method", path, "--datasets", "digits", "--no-leaderboard",
+                       *quiet)
+    assert code == 0, err
+    code, out, err = cli("submit", path, "--protocol", protocol, "--data-dir", tmp_path / "no-data", "--dry-run",
+                         *quiet)
+    assert code == 0, err
+    assert "= 2 runs" in out and "not planned: 1 runs of mnist" in out
+    assert "done: 0   to run: 1" in out  # the digits run again; mnist's run cannot be planned

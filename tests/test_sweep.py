@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.execution.plan import SweepError
+from harness.config.errors import SweepError
 from harness.execution.store import read_record, scan_runs
 
 ROOT = Path(__file__).resolve().parent.parent

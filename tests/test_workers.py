@@ -7,7 +7,7 @@ import pytest
 
 from harness.execution.executors import ProcessExecutor, RunOptions, uses_worker_processes
 from harness.execution.executors import base
-from harness.execution.plan import SweepError
+from harness.config.errors import SweepError
 
 
 def report_state(spec, options):

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
+from ..config.files import file_sha256, write_atomic
 from ..config.paths import cache_dir, submission_files
 from ..config.vocabulary import ENTRY_POINT_GROUP
 
@@ -88,16 +88,14 @@ def _remember(key: str, metas: list[dict]) -> None:
         for old in list(cache)[:-MAX_ENTRIES]:  # oldest first: edited files leave stale keys
             del cache[old]
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(cache))
     except (OSError, TypeError, ValueError):
         pass
 
 
 def _file_metas(path: Path, fingerprint: str) -> list[dict]:
     try:
-        key = f"file:{hashlib.sha256(path.read_bytes()).hexdigest()}:{fingerprint}:{path}"
+        key = f"file:{file_sha256(path)}:{fingerprint}:{path}"
     except OSError:
         key = None
     cached = _user_cache().get(key) if key else None

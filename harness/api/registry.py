@@ -9,7 +9,6 @@ name (protocol, engine, worker) finds them.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -18,6 +17,8 @@ import pkgutil
 import sys
 from pathlib import Path
 
+from ..config.errors import RegistryError
+from ..config.files import file_sha256
 from ..config.paths import submission_files, submissions_dir
 from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, PLUGIN_GROUPS, Family
 from . import plugins
@@ -118,7 +119,7 @@ def load_module_file(path: str | Path):
     path = Path(path)
     if not path.is_file():
         raise RegistryError(f"{path}: no such method file")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    digest = file_sha256(path)[:12]
     mod_name = f"cl_bench_submission_{path.stem.replace('-', '_')}_{digest}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
@@ -132,11 +133,6 @@ def load_module_file(path: str | Path):
         raise RegistryError(f"{path}: import failed: {type(exc).__name__}: {exc}") from None
     sys.modules[mod_name] = module
     return module
-
-
-def file_sha256(path: str | Path) -> str:
-    """Full sha256 of a file (recorded as a submission's provenance)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def builtin_modules():

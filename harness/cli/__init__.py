@@ -1,15 +1,15 @@
-"""The `cl-bench` command line: parser -> typed request -> command (a short composition of library calls).
+"""The `cl-bench` command line: parser -> typed request -> one service call (harness.service) -> print.
 
-Importing this package imports argparse and the torch-free vocabulary only, so `--help`
-starts fast; each command imports what it needs. Every user error is a `UserError`,
-printed as one line with exit code 2.
+Importing this package imports argparse, the torch-free vocabulary and the defaults table
+only, so `--help` starts fast; the commands and services are imported after parsing. Every
+user error is a `UserError` (config/errors.py), printed as one line with exit code 2.
 """
 from __future__ import annotations
 
 import sys
 
-from ..config.errors import UserError
-from .parser import UsageError, build_parser
+from ..config.errors import UsageError, UserError
+from .parser import build_parser
 
 EXIT_USAGE = 2
 __all__ = ["main", "build_parser", "one_line", "UsageError", "EXIT_USAGE"]

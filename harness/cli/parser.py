@@ -1,13 +1,16 @@
 """The argument parser of `cl-bench`: commands, their flags (one shared group for sweeps), examples.
 
-Only argparse and the torch-free vocabulary are imported, so that `--help` starts fast.
+A flag's `dest` is the name of its request field (harness.service.requests) and its default
+comes from `config.defaults`, the table the requests read too. Only argparse, the torch-free
+vocabulary and that table are imported, so that `--help` starts fast.
 """
 from __future__ import annotations
 
 import argparse
 import math
 
-from ..config.errors import UserError
+from ..config import defaults
+from ..config.errors import UsageError
 from ..config.metrics import METRIC_NAMES
 from ..config.paths import DATA_ENV
 
@@ -57,18 +60,13 @@ SUBMIT_EXAMPLES = """examples:
 """
 
 
-
-
 ROPE_HELP = ("region of practical equivalence of the Bayesian method comparison, in ACC points "
-             "(a finite number > 0; default 1.0)")
+             "(a finite number > 0; default %(default)s)")
+RESULTS_HELP = "results folder (default: %(default)s/)"
 REPORT_FORMATS = ("latex", "markdown")
 FIGURE_FORMATS = ("pdf", "png")
 INCLUDE_FLAGGED_HELP = ("rank flagged runs too (records with learning-check warnings; "
                         "default: left out of rankings)")
-
-
-class UsageError(UserError):
-    """A command line argparse rejects (unknown flag, bad value): one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -150,39 +148,41 @@ def build_parser() -> argparse.ArgumentParser:
 def add_sweep_flags(cmd) -> None:
     """The flags every command that runs a protocol's grid shares (`run`, `submit`)."""
     cmd.add_argument("--protocol", required=True, help="protocol name (see `cl-bench list protocols`) or a YAML path")
-    cmd.add_argument("--results", default="results", help="results folder (default: results/)")
+    cmd.add_argument("--results", default=defaults.RESULTS, help=RESULTS_HELP)
     cmd.add_argument("--datasets", type=_csv, help="only these datasets (comma-separated)")
     cmd.add_argument("--regimes", type=_csv, help="only these regimes (comma-separated)")
     cmd.add_argument("--orders", type=_positive_int, help="only the first N task orders")
-    cmd.add_argument("--jobs", type=_positive_int, default=1, help="worker processes (default 1)")
-    cmd.add_argument("--threads", type=_positive_int, default=1,
-                     help="torch threads per run (default 1: parallelise across runs with --jobs)")
-    cmd.add_argument("--executor", choices=("inline", "process", "ray"), default="process",
-                     help="how runs are dispatched (default: process; --jobs 1 runs inline; "
+    cmd.add_argument("--jobs", type=_positive_int, default=defaults.JOBS,
+                     help="worker processes (default %(default)s)")
+    cmd.add_argument("--threads", type=_positive_int, default=defaults.THREADS,
+                     help="torch threads per run (default %(default)s: parallelise across runs with --jobs)")
+    cmd.add_argument("--executor", choices=("inline", "process", "ray"), default=defaults.EXECUTOR,
+                     help="how runs are dispatched (default: %(default)s; --jobs 1 runs inline; "
                           "ray needs the [ray] extra)")
     cmd.add_argument("--data-dir", help=f"folder holding torchvision data sets (default: ${DATA_ENV}, else ./data)")
     cmd.add_argument("--download", action="store_true", help="download missing torchvision data sets")
-    cmd.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                     help="device of the runs (default: auto)")
-    cmd.add_argument("--plugin", action="append", default=[], metavar="FILE",
+    cmd.add_argument("--device", choices=("auto", "cpu", "cuda"), default=defaults.DEVICE,
+                     help="device of the runs (default: %(default)s)")
+    cmd.add_argument("--plugin", dest="plugin_files", action="append", default=[], metavar="FILE",
                      help="register the backbones, data sets and regime families of FILE (repeatable; "
                           "see submissions/README.md)")
     cmd.add_argument("--retry-failed", action="store_true", help="rerun runs recorded as failed/diverged/timeout")
     cmd.add_argument("--dry-run", action="store_true", help="print the grid and what is already done; run nothing")
-    cmd.add_argument("--no-progress", action="store_true", help="no progress bar")
-    cmd.add_argument("--no-leaderboard", action="store_true", help="do not rebuild the leaderboard at the end")
+    cmd.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    cmd.add_argument("--no-leaderboard", dest="leaderboard", action="store_false",
+                     help="do not rebuild the leaderboard at the end")
     cmd.add_argument("--ray-address", metavar="ADDR",
                      help="with --executor ray: join this Ray cluster (default: start a local Ray with --jobs CPUs)")
     cmd.add_argument("--num-cpus", type=_non_negative(float),
                      help="with --executor ray: CPUs per run (default: protocol resources, else 1)")
     cmd.add_argument("--num-gpus", type=_non_negative(float),
                      help="with --executor ray: GPUs per run (default: protocol resources, else 0)")
-    cmd.add_argument("--max-retries", type=_non_negative(int), default=1,
-                     help="reruns of a run whose worker process died (process, ray; default 1)")
+    cmd.add_argument("--max-retries", type=_non_negative(int), default=defaults.MAX_RETRIES,
+                     help="reruns of a run whose worker process died (process, ray; default %(default)s)")
     cmd.add_argument("--tracking-uri", metavar="URI",
                      help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///<results>/mlflow.db)")
     cmd.add_argument("--experiment", help="MLflow experiment name (default: the protocol name)")
-    cmd.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    cmd.add_argument("--no-mlflow", dest="mlflow", action="store_false", help="do not log to MLflow")
     cmd.add_argument("--run-timeout", type=_non_negative(float, positive=True), metavar="SECONDS",
                      help="stop a run after SECONDS and record it as status timeout; the sweep goes on "
                           "(runs then execute in worker processes, also with --jobs 1)")
@@ -195,26 +195,27 @@ def _add_run(sub, fmt) -> None:
                                      "protocol. Finished runs are skipped; interrupted sweeps resume.")
     add_sweep_flags(run)
     run.add_argument("--methods", type=_csv, help="only these methods (names or labels, comma-separated)")
-    run.add_argument("--only", type=_csv, metavar="RUN_IDS", help="only these run ids (reproduce single runs)")
-    run.add_argument("--method", action="append", default=[], metavar="FILE",
+    run.add_argument("--only", type=_csv, default=(), metavar="RUN_IDS",
+                     help="only these run ids (reproduce single runs)")
+    run.add_argument("--method", dest="method_files", action="append", default=[], metavar="FILE",
                      help="register the adapter in FILE for this run (repeatable)")
     run.add_argument("--include-flagged", action="store_true", help=INCLUDE_FLAGGED_HELP)
-    run.add_argument("--rope", type=_rope, default=1.0, metavar="POINTS", help=ROPE_HELP)
+    run.add_argument("--rope", type=_rope, default=defaults.ROPE, metavar="POINTS", help=ROPE_HELP)
 
 
 def _add_list(sub, fmt) -> None:
     lst = sub.add_parser("list", help="list protocols, datasets, methods or regimes",
                          epilog=LIST_EXAMPLES, formatter_class=fmt)
-    lst.add_argument("what", nargs="?", default="all",
-                     choices=("all", "protocols", "datasets", "methods", "regimes"))
-    lst.add_argument("--method", action="append", default=[], metavar="FILE",
+    lst.add_argument("what", nargs="?", default=defaults.LIST_WHAT,
+                     choices=(defaults.LIST_WHAT, *defaults.LIST_SECTIONS))
+    lst.add_argument("--method", dest="method_files", action="append", default=[], metavar="FILE",
                      help="also register the adapter in FILE")
 
 
 def _add_leaderboard(sub, fmt) -> None:
     lb = sub.add_parser("leaderboard", help="build the static HTML leaderboard from records",
                         epilog=LEADERBOARD_EXAMPLES, formatter_class=fmt)
-    lb.add_argument("--results", default="results", help="results folder (default: results/)")
+    lb.add_argument("--results", default=defaults.RESULTS, help=RESULTS_HELP)
     lb.add_argument("--protocol", help="protocol name inside the results folder (default: each one found)")
     lb.add_argument("--out", help="output folder (default: <results>/<protocol>/site/)")
     lb.add_argument("--from-mlflow", metavar="URI",
@@ -223,15 +224,16 @@ def _add_leaderboard(sub, fmt) -> None:
     lb.add_argument("--protocol-version", metavar="VERSION",
                     help="the protocol version to show (default: the newest with records); a board shows one")
     lb.add_argument("--include-flagged", action="store_true", help=INCLUDE_FLAGGED_HELP)
-    lb.add_argument("--rope", type=_rope, default=1.0, metavar="POINTS", help=ROPE_HELP)
+    lb.add_argument("--rope", type=_rope, default=defaults.ROPE, metavar="POINTS", help=ROPE_HELP)
 
 
 def _add_export(sub, fmt) -> None:
     exp = sub.add_parser("export", help="write the tidy table of all records (CSV or Parquet)",
                          epilog=EXPORT_EXAMPLES, formatter_class=fmt)
-    exp.add_argument("--results", default="results", help="results folder (default: results/)")
+    exp.add_argument("--results", default=defaults.RESULTS, help=RESULTS_HELP)
     exp.add_argument("--protocol", help="only this protocol's records (default: every protocol found)")
-    exp.add_argument("--format", choices=("csv", "parquet"), default="csv", help="default: csv")
+    exp.add_argument("--format", choices=("csv", "parquet"), default=defaults.EXPORT_FORMAT,
+                     help="default: %(default)s")
     exp.add_argument("--out", help="output file (default: <results>/records.<format>)")
     exp.add_argument("--protocol-version", metavar="VERSION",
                      help="the protocol version to export (default: the newest with records, per protocol)")
@@ -239,7 +241,7 @@ def _add_export(sub, fmt) -> None:
 
 def _add_records_source(cmd) -> None:
     """--results, --protocol and --protocol-version: which records a paper output is made of."""
-    cmd.add_argument("--results", default="results", help="results folder (default: results/)")
+    cmd.add_argument("--results", default=defaults.RESULTS, help=RESULTS_HELP)
     cmd.add_argument("--protocol", help="protocol name inside the results folder (needed when it holds several)")
     cmd.add_argument("--protocol-version", metavar="VERSION",
                      help="the protocol version to use (default: the newest with records)")
@@ -255,8 +257,9 @@ def _add_report(sub, fmt) -> None:
     _add_records_source(rep)
     rep.add_argument("--format", required=True, choices=REPORT_FORMATS, help="latex (booktabs) or markdown (GitHub)")
     rep.add_argument("--out", metavar="FILE", help="write the report to FILE (default: standard output)")
-    rep.add_argument("--metric", choices=METRIC_NAMES, default="acc", help="metric of the first table (default: acc)")
-    rep.add_argument("--rope", type=_rope, default=1.0, metavar="POINTS", help=ROPE_HELP)
+    rep.add_argument("--metric", choices=METRIC_NAMES, default=defaults.METRIC,
+                     help="metric of the first table (default: %(default)s)")
+    rep.add_argument("--rope", type=_rope, default=defaults.ROPE, metavar="POINTS", help=ROPE_HELP)
 
 
 def _add_figures(sub, fmt) -> None:
@@ -267,8 +270,9 @@ def _add_figures(sub, fmt) -> None:
                                      "forgetting with CIs; the same records give byte-identical files.")
     _add_records_source(fig)
     fig.add_argument("--out", required=True, metavar="DIR", help="folder for the figure files")
-    fig.add_argument("--format", type=_figure_formats, default=FIGURE_FORMATS, metavar="FORMATS",
-                     help="comma-separated: pdf, png (default: pdf,png)")
+    fig.add_argument("--format", dest="formats", type=_figure_formats, default=defaults.FIGURE_FORMATS,
+                     metavar="FORMATS",
+                     help=f"comma-separated: pdf, png (default: {','.join(defaults.FIGURE_FORMATS)})")
 
 
 def _add_check(sub, fmt) -> None:
@@ -277,8 +281,8 @@ def _add_check(sub, fmt) -> None:
                          description="Train the method on a tiny synthetic two-task stream under the head and "
                                      "full regimes and check the adapter contract (see submissions/README.md).")
     chk.add_argument("file", metavar="FILE", help="adapter file (.py), or the name of a registered method")
-    chk.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                     help="device of the check runs (default: cpu, where runs are bitwise reproducible)")
+    chk.add_argument("--device", choices=("cpu", "cuda"), default=defaults.CHECK_DEVICE,
+                     help="device of the check runs (default: %(default)s, where runs are bitwise reproducible)")
 
 
 REPRODUCE_EXAMPLES = """examples:
@@ -295,7 +299,8 @@ def _add_reproduce(sub, fmt) -> None:
                                      "code and data (checked by their fingerprints) and report whether the new "
                                      "record is bitwise equal, equal in its metrics, or different.")
     rep.add_argument("run_id", metavar="RUN_ID", help="the record's run id (12 hex digits; the record's file name)")
-    rep.add_argument("--results", default="results", help="results folder holding the record (default: results/)")
+    rep.add_argument("--results", default=defaults.RESULTS,
+                     help="results folder holding the record (default: %(default)s/)")
     rep.add_argument("--data-dir", help=f"folder holding torchvision data sets (default: ${DATA_ENV}, else ./data)")
     rep.add_argument("--device", choices=("auto", "cpu", "cuda"),
                      help="device of the rerun (default: the record's own device)")

@@ -1,6 +1,38 @@
-"""The one user-error type: bad input the CLI prints as one line, with exit code 2."""
+"""Every user error: bad input the CLI prints as one line (`cl-bench: error: ...`), with exit code 2.
+
+Each wing raises the subclass that names its kind of input; a library caller catches
+`UserError` for all of them. Anything else that escapes is a bug in cl-bench.
+"""
 from __future__ import annotations
 
 
 class UserError(Exception):
     """Bad input from the user (a file, key, flag or value); never a bug in cl-bench."""
+
+
+class UsageError(UserError):
+    """A command line argparse rejects (unknown flag, bad value): one line, exit code 2."""
+
+
+class ProtocolError(UserError, ValueError):
+    """A protocol mistake: one line naming file, key, value and what is allowed."""
+
+
+class PretrainError(UserError, ValueError):
+    """A `pretrain:` mistake or an unusable pretrained backbone: one line saying what and why."""
+
+
+class RegistryError(UserError, ValueError):
+    """A method module is unusable; the message names the file and the reason."""
+
+
+class DatasetError(UserError, ValueError):
+    """A dataset cannot be loaded; the message says why and how to fix it."""
+
+
+class SweepError(UserError, RuntimeError):
+    """The sweep cannot start or continue (locked or unwritable results folder, unknown run id, …)."""
+
+
+class ExportError(UserError, ValueError):
+    """Bad export input (no records, unknown format, unreachable experiment)."""

@@ -27,13 +27,10 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
-from .errors import UserError
+from .errors import PretrainError, UserError
+from .files import file_sha256
 from .validate import MAX_SEED, Validator, show
 from .vocabulary import DATASETS
-
-
-class PretrainError(UserError, ValueError):
-    """A `pretrain:` mistake or an unusable pretrained backbone: one line saying what and why."""
 
 
 class PretrainKind(StrEnum):
@@ -262,15 +259,6 @@ def _checkpoint(value: dict, v: Validator, protocol_dir: Path) -> Pretrain:
     except OSError as exc:
         v.fail("pretrain.checkpoint", f"{show(raw)}: cannot read {path} ({exc.strerror or exc})")
     return Pretrain(PretrainKind.CHECKPOINT, checkpoint=str(path), sha256=digest)
-
-
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file's bytes, read in chunks (checkpoints can be large)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _dataset(value: dict, v: Validator, _protocol_dir: Path) -> Pretrain:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from .errors import UserError
+from .errors import ProtocolError, UserError
 from .pretrain import PretrainError, parse_pretrain
 from .paths import protocol_dirs
 from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
@@ -25,10 +25,6 @@ MAX_ORDERS = 1000
 # YAML aliases share nodes: a 1 KB file can expand to billions ("billion laughs"). A protocol
 # has a few hundred nodes; refuse to build more than this many.
 MAX_YAML_NODES = 100_000
-
-
-class ProtocolError(UserError, ValueError):
-    """A protocol mistake: one line naming file, key, value and what is allowed."""
 
 
 def available_protocols() -> list[str]:

@@ -60,20 +60,23 @@ class CheckResult:
         """True when nothing is wrong."""
         return not self.findings
 
+    def verdict(self) -> str:
+        """The closing line: the contract holds (checks passed) or is broken (problems found)."""
+        if self.ok:
+            return f"{self.target}: the {self.contract} contract holds ({len(self.passed)} checks passed)"
+        return f"{self.target}: the {self.contract} contract is broken ({len(self.findings)} problem(s)); see {README}"
 
-# Engine error texts (harness/run/engine.py) -> (check id, how to fix).
-ENGINE_FAILURES = (
-    ("not an Avalanche strategy", "strategy",
-     "build() must return the strategy object, e.g. `return Naive(**ctx.strategy_kwargs())` "
-     "(any avalanche SupervisedTemplate subclass)"),
-    ("never called the harness plugins", "plugins",
-     "pass the harness's plugins into the strategy: `Naive(**ctx.strategy_kwargs(*my_plugins))` "
-     "or `plugins=[*ctx.plugins, *my_plugins]`"),
-    ("frozen parameters/buffers changed", "frozen",
-     "leave frozen blocks alone: never call requires_grad_(True) or .train() on them (model.train() "
-     "is safe), optimise only parameters with requires_grad (ctx.optimizer / ctx.new_optimizer()), "
-     "never write into frozen tensors in place"),
-)
+
+# How to fix each rule of the contract the engine enforces (run.engine.Breach, by its value).
+BREACH_FIXES = {
+    "strategy": "build() must return the strategy object, e.g. `return Naive(**ctx.strategy_kwargs())` "
+                "(any avalanche SupervisedTemplate subclass)",
+    "plugins": "pass the harness's plugins into the strategy: `Naive(**ctx.strategy_kwargs(*my_plugins))` "
+               "or `plugins=[*ctx.plugins, *my_plugins]`",
+    "frozen": "leave frozen blocks alone: never call requires_grad_(True) or .train() on them (model.train() "
+              "is safe), optimise only parameters with requires_grad (ctx.optimizer / ctx.new_optimizer()), "
+              "never write into frozen tensors in place",
+}
 LOAD_FIXES = (
     ("syntax error", "fix the syntax error at that line (`python -m py_compile FILE` shows it)"),
     ("already defined by", "choose a NAME no other method uses (`cl-bench list methods` shows the taken ones)"),
@@ -144,7 +147,7 @@ def check_adapter(adapter, method_files=(), regimes=CONTRACT_REGIMES, device: st
         spec = contract_spec(adapter.name, adapter.defaults, regime)
         first, probe = _run(spec, method_files, device)
         if first.status != Status.OK:
-            findings.append(failure_finding(first, where, method_files))
+            findings.append(failure_finding(first, where, method_files, probe.error))
             break  # later regimes would repeat the same failure
         f, p = _inspect(first, probe, spec, where, method_files, device)
         findings += f
@@ -194,7 +197,8 @@ def _inspect(record, probe, spec, where, method_files, device) -> tuple[list, li
 
 
 class Probe:
-    """Engine observer: which trainable tensors each task moved; the final model state."""
+    """Engine observer: which trainable tensors each task moved; the final model state; the
+    exception a failed run raised."""
 
     def __init__(self):
         self.before: dict = {}
@@ -202,12 +206,16 @@ class Probe:
         self.final: dict = {}
         self.strategy_type = "?"
         self.frozen_count = 0
+        self.error: Exception | None = None
 
     def __call__(self, event: str, t: int, strategy) -> None:
         import torch
 
         from ..run.regimes import frozen_state
 
+        if event == "raised":  # the engine hands over the exception in the strategy's place
+            self.error = strategy
+            return
         model = strategy.model
         if event == "before_task":
             self.strategy_type = type(strategy).__name__
@@ -237,16 +245,16 @@ def determinism_problem(first, probe1, second, probe2) -> str:
     return ""
 
 
-def failure_finding(record, where: str, method_files=()) -> Finding:
-    """The finding for a run that did not finish with status ok."""
+def failure_finding(record, where: str, method_files=(), raised: Exception | None = None) -> Finding:
+    """The finding for a run that did not finish with status ok (`raised`: its exception, when known)."""
     error = record.error or record.status
     trace = (record.diagnostics or {}).get("traceback", "")
     if record.status == Status.DIVERGED:
         return Finding("diverged", error, "the loss became NaN/inf on a tiny, easy stream: check the terms "
                        "your method adds to the loss (scale, divisions by zero, log of 0)", where)
-    for key, check_id, fix in ENGINE_FAILURES:
-        if key in error:
-            return Finding(check_id, error.removeprefix("AdapterError: "), fix, where)
+    breach = getattr(raised, "breach", None)  # a rule of the contract the engine enforces
+    if breach is not None:
+        return Finding(str(breach), str(raised), BREACH_FIXES[breach], where)
     at = _location(trace, method_files)
     if not record.init_acc:  # nothing was evaluated: the failure came before training
         return Finding("build", f"build() raised {error}{at}",

@@ -6,15 +6,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.errors import UserError
+from ..config.errors import SweepError
 from ..config.specs import DatasetSpec, Protocol, RunSpec
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
 from ..api.plugins import implementations
 from .store import runs_dir, scan_runs
-
-
-class SweepError(UserError, RuntimeError):
-    """The sweep cannot start or continue (locked or unwritable results folder, unknown run id, …)."""
 
 
 def class_order(n_classes: int, order_index: int, seed: int) -> tuple[int, ...]:
@@ -116,3 +112,11 @@ def make_plan(protocol: Protocol, results: str | Path, retry_failed: bool = Fals
     done = {k: v for k, v in scan.valid.items() if k in ids and not (retry_failed and not v.ok)}
     todo = tuple(s for s in specs if s.run_id not in done and s.dataset.name not in missing)
     return Plan(specs, done, todo, tuple(scan.invalid), tuple(scan.stray), tuple(scan.foreign), missing)
+
+
+def plan_sweep(protocol: Protocol, results: str | Path, *, data_dir: str | None = None, download: bool = False,
+               dry_run: bool = False, retry_failed: bool = False, only: tuple = ()) -> Plan:
+    """The plan of a sweep: the data fingerprinted first (downloaded if asked, except in a dry run,
+    which plans without the data sets that are not there)."""
+    fingerprints = data_fingerprints(protocol, data_dir, download and not dry_run, allow_missing=dry_run)
+    return make_plan(protocol, results, retry_failed=retry_failed, only=only, fingerprints=fingerprints)

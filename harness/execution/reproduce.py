@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config.errors import SweepError
 from ..config.specs import RunRecord
 from ..config.vocabulary import Status
-from .plan import SweepError
 from .store import discover_protocol_dirs, read_record, write_record
 
 # What a rerun must reproduce; timings and provenance (host, time) may differ.
@@ -45,6 +45,11 @@ class Reproduction:
     differences: tuple[str, ...]
     max_delta: float
     seconds: float
+
+    @property
+    def reproduced(self) -> bool:
+        """Whether the rerun equals the record, bitwise or in its metrics within tolerance."""
+        return self.verdict in ("bitwise", "metrics")
 
 
 def find_record(run_id: str, results) -> tuple[RunRecord, Path]:

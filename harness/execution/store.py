@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from ..config.metrics import all_metrics, step_forgetting
+from ..config.files import TMP_MARK, write_atomic
 from ..config.specs import SCHEMA_VERSION, RunRecord, run_id_of
 from ..config.text import terminal_safe
 from ..config.vocabulary import Scenario, Status
 from ..run.checks import run_warnings
 
 RECORD_KEYS = frozenset(f.name for f in fields(RunRecord))
-TMP_MARK = ".tmp-"
 
 
 def protocol_dir(results: str | Path, protocol_name: str) -> Path:
@@ -34,19 +34,8 @@ def write_record(folder: str | Path, record: RunRecord) -> Path:
     data = record.to_dict()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"{data['run_id']}.json"
-    tmp = folder / f".{data['run_id']}.json{TMP_MARK}{os.getpid()}"
     payload = json.dumps(data, indent=1, sort_keys=True, allow_nan=True)
-    try:
-        with open(tmp, "w") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return final
+    return write_atomic(folder / f"{data['run_id']}.json", payload, fsync=True)
 
 
 # A record is tens of kilobytes; a file far larger is not one (and would make a huge page).

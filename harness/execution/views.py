@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..config.errors import SweepError
 from ..config.text import terminal_safe
-from .plan import SweepError
 
 
 def version_key(version: str):

@@ -6,14 +6,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..config.errors import UserError
+from ..config.errors import ExportError
 from ..config.specs import RunRecord
 
 FORMATS = ("csv", "parquet")
-
-
-class ExportError(UserError, ValueError):
-    """Bad export input (no records, unknown format, unreachable experiment)."""
 
 
 def export_table(records: list, fmt: str, out: str | Path) -> Path:

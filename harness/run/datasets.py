@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import zipfile
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -10,15 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.errors import UserError
 from ..config import paths
-from ..config.paths import cache_dir
+from ..config.errors import DatasetError
+from ..config.files import atomic_path
+from ..config.paths import cache_dir, data_dir
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
 from ..api.plugins import DataSource, PluginError, lookup, register_builtins
-
-
-class DatasetError(UserError, ValueError):
-    """A dataset cannot be loaded; the message says why and how to fix it."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +81,8 @@ def _mnist1d(*_) -> TensorData:
 
 
 def _atomic_savez(path: Path, arrays: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:  # a file object: savez would add ".npz" to a name
+        np.savez(fh, **arrays)
 
 
 # name -> (torchvision class name, channels, normalisation mean, std)

@@ -6,6 +6,7 @@ import time
 import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +34,23 @@ from .speedups import eval_function, install_speedups
 from .streams import on_device, split_tasks, to_avalanche
 
 
+class Breach(StrEnum):
+    """The rule of the adapter contract an adapter broke (the id of `cl-bench check`'s finding)."""
+
+    STRATEGY = "strategy"  # build() returned no Avalanche strategy
+    PLUGINS = "plugins"  # the strategy never called the harness plugins
+    FROZEN = "frozen"  # frozen parameters or buffers changed
+
+
 class AdapterError(RuntimeError):
-    """The adapter broke the harness contract (wrong return type, plugins dropped, …)."""
+    """The adapter broke the harness contract; `breach` says which rule (the message says how)."""
+
+    def __init__(self, message: str, breach: Breach):
+        super().__init__(message)
+        self.breach = breach
+
+    def __reduce__(self):  # picklable with its breach (the default would call AdapterError(message))
+        return type(self), (str(self), self.breach)
 
 
 class IdentityError(RuntimeError):
@@ -87,7 +103,8 @@ def run_one(spec: RunSpec, *, data_dir: str | None = None, download: bool = Fals
 
     `submission` ({"file", "sha256"}) goes into the record's provenance (not the run id);
     `observer(event, t, strategy)` is called with "before_task"/"after_task" around each
-    task's training (the contract check uses it to look at the model).
+    task's training (the contract check uses it to look at the model), and with "raised" and
+    the exception in place of the strategy when the run fails (the check reads its kind).
     """
     started = time.perf_counter()
     progress = _Progress()
@@ -100,6 +117,8 @@ def run_one(spec: RunSpec, *, data_dir: str | None = None, download: bool = Fals
     except Exception as exc:  # a failing method is a result, not a crash of the sweep
         status, error = Status.FAILED, f"{type(exc).__name__}: {exc}"
         progress.diagnostics["traceback"] = "".join(traceback.format_exc(limit=-6))
+        if observer:
+            observer("raised", len(progress.rows), exc)
     return _record(spec, progress, status, error, time.perf_counter() - started, dev, submission)
 
 
@@ -135,7 +154,7 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
         _check_frozen(strategy.model, before, spec.regime)
         if harness_plugin.iterations == 0:
             raise AdapterError("the strategy never called the harness plugins: build the strategy "
-                               "with **ctx.strategy_kwargs() or pass plugins=list(ctx.plugins)")
+                               "with **ctx.strategy_kwargs() or pass plugins=list(ctx.plugins)", Breach.PLUGINS)
         evaluated = contract.evaluated_model(strategy)
         progress.per_task_s.append(time.perf_counter() - t0)
         row, row_task_aware = _timed_eval(evaluated, tasks, spec, device, progress, evaluate)
@@ -157,7 +176,8 @@ def _check_frozen(model, before: dict, regime: str) -> None:
     if changed:
         shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
         raise AdapterError(f"frozen parameters/buffers changed under regime {regime!r}: {shown}; a method "
-                           "must leave frozen blocks alone (no requires_grad changes, no in-place updates)")
+                           "must leave frozen blocks alone (no requires_grad changes, no in-place updates)",
+                           Breach.FROZEN)
 
 
 def _run_model(spec: RunSpec, input_shape, data_dir, download, device, progress):
@@ -236,7 +256,7 @@ def _build_strategy(spec, model, harness_plugin, device, method_files, tasks=(),
     strategy = adapter.build(ctx, **{**adapter.defaults, **spec.hparams})
     if not isinstance(strategy, BaseTemplate):
         raise AdapterError(f"build() of {spec.method!r} returned {type(strategy).__name__}, "
-                           "not an Avalanche strategy (a SupervisedTemplate subclass)")
+                           "not an Avalanche strategy (a SupervisedTemplate subclass)", Breach.STRATEGY)
     keep_optimizer_on_trainable(strategy)
     install_speedups(strategy, adapter, tasks, spec.seed, spec.eval_batch_size)
     return strategy

@@ -23,7 +23,6 @@ import dataclasses
 import hashlib
 import math
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -32,8 +31,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..config.files import atomic_path, file_sha256
 from ..config.paths import cache_dir
-from ..config.pretrain import DatasetRecipe, Pretrain, PretrainError, PretrainKind, file_sha256
+from ..config.errors import PretrainError
+from ..config.pretrain import DatasetRecipe, Pretrain, PretrainKind
 from .datasets import TensorData, dataset_fingerprint, load_dataset
 from .models import build_model
 from .resnet import torchvision_to_blocks
@@ -316,12 +317,8 @@ def _locked(path: Path):
 
 def _atomic_save(state: dict, path: Path) -> None:
     # A reader sees the old file or the whole new one, never a partial write.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
+    with atomic_path(path) as tmp:
         torch.save(state, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # -- dataset: training -----------------------------------------------------------------------------

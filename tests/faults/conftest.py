@@ -1,6 +1,6 @@
-"""Fixtures of the fault suite: a tiny protocol file, the CLI in-process, hostile method files.
+"""Fixtures of the fault suite: a tiny protocol file and hostile method files.
 
-The socket guard (`no_network`) is autouse for the whole project, in tests/conftest.py.
+The socket guard (`no_network`) and the in-process CLI (`cli`) are in tests/conftest.py.
 """
 from __future__ import annotations
 
@@ -28,24 +28,6 @@ def tiny_protocol(folder: Path, name: str = "tiny", methods=("naive",), regimes=
         training: {{optimizer: sgd, lr: 0.05, momentum: 0.9, epochs: 1, batch_size: 64}}
         """) + extra)
     return path
-
-
-@pytest.fixture
-def run_cli(capsys, monkeypatch):
-    """`cl-bench ARGS` in-process from the repository root: (exit code, stdout, stderr)."""
-    from harness.cli import main
-
-    monkeypatch.chdir(REPO)
-
-    def invoke(*argv):
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as exc:  # --help
-            code = exc.code
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return invoke
 
 
 # Adapters that misbehave in each way the harness must survive (one module per file).

@@ -38,16 +38,16 @@ def _grid_line(out: str) -> str:
 
 
 @pytest.mark.slow
-def test_an_edited_method_file_is_not_reused(tmp_path, run_cli):
+def test_an_edited_method_file_is_not_reused(tmp_path, cli):
     method = tmp_path / "mine.py"
     method.write_text(textwrap.dedent(METHOD.format(strength=1)))
     proto = tiny_protocol(tmp_path, methods=("mine",), regimes=("head",))
     args = ("--protocol", proto, "--results", tmp_path / "r", "--method", method, *QUIET)
-    assert run_cli("run", *args)[0] == 0
-    assert "done: 1   to run: 0" in _grid_line(run_cli("run", *args, "--dry-run")[1])
+    assert cli("run", *args)[0] == 0
+    assert "done: 1   to run: 0" in _grid_line(cli("run", *args, "--dry-run")[1])
     method.write_text(textwrap.dedent(METHOD.format(strength=2)))  # before: "done: 1   to run: 0"
-    assert "done: 0   to run: 1" in _grid_line(run_cli("run", *args, "--dry-run")[1])
-    code, out, _ = run_cli("run", *args)
+    assert "done: 0   to run: 1" in _grid_line(cli("run", *args, "--dry-run")[1])
+    code, out, _ = cli("run", *args)
     assert code == 0
     records = load_records(tmp_path / "r", "tiny")
     assert len(records) == 2 and len({r.spec.method_version for r in records}) == 2
@@ -63,7 +63,7 @@ def _npz(path: Path, shift: float = 0.0) -> None:
 
 
 @pytest.mark.slow
-def test_regenerated_npz_data_is_not_reused_and_relative_paths_follow_the_protocol(tmp_path, run_cli, monkeypatch):
+def test_regenerated_npz_data_is_not_reused_and_relative_paths_follow_the_protocol(tmp_path, cli, monkeypatch):
     folder = tmp_path / "study"
     folder.mkdir()
     _npz(folder / "data.npz")
@@ -143,23 +143,23 @@ def _copy(swept, tmp_path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow
-def test_a_record_of_another_protocol_is_foreign(swept, tmp_path, run_cli):
+def test_a_record_of_another_protocol_is_foreign(swept, tmp_path, cli):
     proto, results = _copy(swept, tmp_path)
     other = tiny_protocol(tmp_path, name="other", regimes=("last-1",))
-    assert run_cli("run", "--protocol", other, "--results", results, *QUIET)[0] == 0
+    assert cli("run", "--protocol", other, "--results", results, *QUIET)[0] == 0
     (stranger,) = (results / "other" / "runs").glob("*.json")
     shutil.copy(stranger, results / "tiny" / "runs" / stranger.name)  # before: counted in tiny's tables
     scan = scan_runs(results / "tiny" / "runs")
     assert len(scan.valid) == 2 and [p.name for p, _ in scan.foreign] == [stranger.name]
     assert "a record of protocol 'other' in the folder of protocol 'tiny'" in scan.foreign[0][1]
-    code, out, err = run_cli("leaderboard", "--results", results, "--protocol", "tiny", "--out", tmp_path / "site")
+    code, out, err = cli("leaderboard", "--results", results, "--protocol", "tiny", "--out", tmp_path / "site")
     assert code == 0 and f"{stranger.name} is foreign" in out
     index = (tmp_path / "site" / "index.html").read_text()
     assert "other" not in index.split("<h1")[1].split("</h1>")[0]
 
 
 @pytest.mark.slow
-def test_edited_metrics_are_corrupt_and_the_run_is_redone(swept, tmp_path, run_cli):
+def test_edited_metrics_are_corrupt_and_the_run_is_redone(swept, tmp_path, cli):
     proto, results = _copy(swept, tmp_path)
     path = sorted((results / "tiny" / "runs").glob("*.json"))[0]
     data = json.loads(path.read_text())
@@ -168,7 +168,7 @@ def test_edited_metrics_are_corrupt_and_the_run_is_redone(swept, tmp_path, run_c
     path.write_text(json.dumps(data))
     (_, reason), = scan_runs(results / "tiny" / "runs").invalid
     assert "its metrics do not follow from its accuracy matrix (acc 0.999 recorded" in reason
-    code, out, _ = run_cli("run", "--protocol", proto, "--results", results, *QUIET)
+    code, out, _ = cli("run", "--protocol", proto, "--results", results, *QUIET)
     assert code == 0 and "done: 1   to run: 1" in out
     assert json.loads(path.read_text())["metrics"]["acc"] == true_acc
 
@@ -187,32 +187,32 @@ def test_records_of_an_older_schema_are_foreign_not_rekeyed(swept, tmp_path):
 
 
 @pytest.mark.slow
-def test_each_view_shows_the_runs_protocol_version(swept, tmp_path, run_cli):
+def test_each_view_shows_the_runs_protocol_version(swept, tmp_path, cli):
     proto, results = _copy(swept, tmp_path)
     v2 = tmp_path / "v2.yaml"
     v2.write_text(proto.read_text().replace('version: "1"', 'version: "2"').replace("lr: 0.05", "lr: 0.01"))
-    code, out, _ = run_cli("run", "--protocol", v2, "--regimes", "head", "--results", results, *QUIET)
+    code, out, _ = cli("run", "--protocol", v2, "--regimes", "head", "--results", results, *QUIET)
     assert code == 0 and "protocol tiny version 2: 1 records" in out
-    code, out, _ = run_cli("run", "--protocol", proto, "--results", results, *QUIET)  # before: "version 2"
+    code, out, _ = cli("run", "--protocol", proto, "--results", results, *QUIET)  # before: "version 2"
     assert code == 0 and "protocol tiny version 1: 2 records" in out
-    code, out, _ = run_cli("leaderboard", "--results", results, "--protocol", "tiny", "--protocol-version", "1",
+    code, out, _ = cli("leaderboard", "--results", results, "--protocol", "tiny", "--protocol-version", "1",
                            "--out", tmp_path / "site1")
     assert code == 0 and "protocol tiny version 1: 2 records" in out
     assert "version <b>1</b>" in (tmp_path / "site1" / "index.html").read_text()
-    code, out, _ = run_cli("export", "--results", results, "--protocol", "tiny", "--out", tmp_path / "t.csv")
+    code, out, _ = cli("export", "--results", results, "--protocol", "tiny", "--out", tmp_path / "t.csv")
     assert code == 0 and "protocol tiny version 2: 1 records" in out  # the newest, and it says so
-    code, _, err = run_cli("leaderboard", "--results", results, "--protocol-version", "7")
+    code, _, err = cli("leaderboard", "--results", results, "--protocol-version", "7")
     assert code == 2 and "has no records of version '7'; allowed: 1, 2" in err
 
 
 @pytest.mark.slow
-def test_a_protocol_edited_without_a_version_bump_is_never_averaged(swept, tmp_path, run_cli):
+def test_a_protocol_edited_without_a_version_bump_is_never_averaged(swept, tmp_path, cli):
     proto, results = _copy(swept, tmp_path)
     edited = tmp_path / "edited.yaml"
     edited.write_text(proto.read_text().replace("lr: 0.05", "lr: 0.01"))  # same name, same version
-    code, out, _ = run_cli("run", "--protocol", edited, "--regimes", "head", "--results", results, *QUIET)
+    code, out, _ = cli("run", "--protocol", edited, "--regimes", "head", "--results", results, *QUIET)
     assert code == 0 and "not in the protocol's grid any more" in out
-    code, out, _ = run_cli("leaderboard", "--results", results, "--protocol", "tiny", "--out", tmp_path / "s")
+    code, out, _ = cli("leaderboard", "--results", results, "--protocol", "tiny", "--out", tmp_path / "s")
     assert code == 0 and "1 cells hold several records with different settings under version 1" in out
     assert "left out rather than averaged" in out  # before: a warning, and both settings averaged
     rows = (tmp_path / "s" / "data" / "runs.csv").read_text().splitlines()[1:]
@@ -224,9 +224,9 @@ def test_a_protocol_edited_without_a_version_bump_is_never_averaged(swept, tmp_p
     ("50.5", "methods[0].hparams.mem_size: 50.5 is not allowed; allowed: an integer"),
     ("true", "methods[0].hparams.mem_size: True is not allowed; allowed: an integer"),
 ])
-def test_hyperparameters_have_their_defaults_types(tmp_path, run_cli, value, message):
+def test_hyperparameters_have_their_defaults_types(tmp_path, cli, value, message):
     proto = tiny_protocol(tmp_path, methods=(f"{{name: replay, hparams: {{mem_size: {value}}}}}",))
-    code, _, err = run_cli("run", "--protocol", proto, "--dry-run", "--results", tmp_path)
+    code, _, err = cli("run", "--protocol", proto, "--dry-run", "--results", tmp_path)
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err
 
 
@@ -245,10 +245,10 @@ def test_an_integer_for_a_float_hyperparameter_is_the_same_setting(tmp_path):
 
 
 @pytest.mark.slow
-def test_reproduce_reruns_a_record_of_a_yaml_path_protocol_bitwise(swept, tmp_path, run_cli):
+def test_reproduce_reruns_a_record_of_a_yaml_path_protocol_bitwise(swept, tmp_path, cli):
     _, results = _copy(swept, tmp_path)
     path = sorted((results / "tiny" / "runs").glob("*.json"))[0]
-    code, out, err = run_cli("reproduce", path.stem, "--results", results, "--out", tmp_path / "again")
+    code, out, err = cli("reproduce", path.stem, "--results", results, "--out", tmp_path / "again")
     assert code == 0, err
     assert "reproduced: bitwise equal" in out
     again = json.loads((tmp_path / "again" / "tiny" / "runs" / path.name).read_text())
@@ -256,21 +256,21 @@ def test_reproduce_reruns_a_record_of_a_yaml_path_protocol_bitwise(swept, tmp_pa
 
 
 @pytest.mark.slow
-def test_reproduce_of_a_method_file_record_and_of_a_changed_method_file(tmp_path, run_cli):
+def test_reproduce_of_a_method_file_record_and_of_a_changed_method_file(tmp_path, cli):
     method = tmp_path / "mine.py"
     method.write_text(textwrap.dedent(METHOD.format(strength=1)))
     proto = tiny_protocol(tmp_path, methods=("mine",), regimes=("head",))
     results = tmp_path / "my results; touch PWNED"
-    assert run_cli("run", "--protocol", proto, "--results", results, "--method", method, *QUIET)[0] == 0
+    assert cli("run", "--protocol", proto, "--results", results, "--method", method, *QUIET)[0] == 0
     (path,) = (results / "tiny" / "runs").glob("*.json")
-    code, out, err = run_cli("reproduce", path.stem, "--results", results)
+    code, out, err = cli("reproduce", path.stem, "--results", results)
     assert code == 0 and "reproduced: bitwise equal" in out, err
     method.write_text(textwrap.dedent(METHOD.format(strength=2)))
-    code, _, err = run_cli("reproduce", path.stem, "--results", results)
+    code, _, err = cli("reproduce", path.stem, "--results", results)
     assert code == 2 and "method 'mine' changed since the record was made (implementation sha256:" in err
 
 
-def test_the_site_shows_a_shell_quoted_reproduce_command(tmp_path, run_cli):
+def test_the_site_shows_a_shell_quoted_reproduce_command(tmp_path, cli):
     from harness.execution.reproduce import reproduce_command
 
     cmd = reproduce_command("0123456789ab", "my results;touch PWN")
@@ -279,19 +279,19 @@ def test_the_site_shows_a_shell_quoted_reproduce_command(tmp_path, run_cli):
 
 
 @pytest.mark.slow
-def test_reproduce_reports_a_corrupt_or_missing_record(swept, tmp_path, run_cli):
+def test_reproduce_reports_a_corrupt_or_missing_record(swept, tmp_path, cli):
     _, results = _copy(swept, tmp_path)
     path = sorted((results / "tiny" / "runs").glob("*.json"))[0]
     path.write_text(path.read_text()[:100])
-    code, _, err = run_cli("reproduce", path.stem, "--results", results)
+    code, _, err = cli("reproduce", path.stem, "--results", results)
     assert code == 2 and "is corrupt (not valid JSON" in err
-    code, _, err = run_cli("reproduce", "0" * 12, "--results", results)
+    code, _, err = cli("reproduce", "0" * 12, "--results", results)
     assert code == 2 and "no record 000000000000 under" in err
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(60) if hasattr(pytest.mark, "timeout") else (lambda f: f)
-def test_a_fifo_a_device_link_and_an_oversized_file_never_hang_or_count(swept, tmp_path, run_cli):
+def test_a_fifo_a_device_link_and_an_oversized_file_never_hang_or_count(swept, tmp_path, cli):
     _, results = _copy(swept, tmp_path)
     runs = results / "tiny" / "runs"
     os.mkfifo(runs / "aaaaaaaaaaaa.json")             # before: every command hung on it
@@ -309,7 +309,7 @@ def test_a_fifo_a_device_link_and_an_oversized_file_never_hang_or_count(swept, t
     assert len(scan.valid) == 2
 
 
-def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path, run_cli):
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path, cli):
     bomb = ['a: &a ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
     for i in range(1, 9):
         prev = chr(ord("a") + i - 1)
@@ -322,13 +322,13 @@ def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path, run_cli):
                     "datasets: [digits]\nregimes: [head]\nmethods: [naive]\n")
     assert len(path.read_bytes()) < 1500  # 10^9 strings once expanded
     t0 = time.monotonic()
-    code, _, err = run_cli("run", "--protocol", path, "--dry-run", "--results", tmp_path)
+    code, _, err = cli("run", "--protocol", path, "--dry-run", "--results", tmp_path)
     assert time.monotonic() - t0 < 30  # before: 7.4 GB and still running
     assert code == 2 and "its YAML aliases expand to more than 100,000 nodes" in err
 
 
 @pytest.mark.slow
-def test_submit_whose_every_run_failed_exits_non_zero_with_the_errors(tmp_path, run_cli, bad_method_files,
+def test_submit_whose_every_run_failed_exits_non_zero_with_the_errors(tmp_path, cli, bad_method_files,
                                                                        monkeypatch):
     monkeypatch.setenv("CL_BENCH_SUBMISSIONS", str(tmp_path / "none"))
     failing = tmp_path / "fails_in_training.py"
@@ -348,7 +348,7 @@ def test_submit_whose_every_run_failed_exits_non_zero_with_the_errors(tmp_path, 
             from avalanche.training.supervised import Naive
             return Naive(**ctx.strategy_kwargs(Boom()))
         '''))
-    code, out, err = run_cli("submit", failing, "--protocol", "smoke", "--results", tmp_path / "r", "--orders", "1",
+    code, out, err = cli("submit", failing, "--protocol", "smoke", "--results", tmp_path / "r", "--orders", "1",
                              "--regimes", "full", *QUIET)
     assert code == 1, out + err  # before: "(4 failed)" and exit 0
     assert "no run of 'fails-late' finished ok; 1 distinct error(s):" in err
@@ -368,7 +368,7 @@ def test_view_notes_escape_hostile_labels():
     assert "evil\\x1b[2J\\u202e" in notes[-1]
 
 
-def test_torchvision_data_is_fingerprinted_from_its_files(tmp_path, run_cli):
+def test_torchvision_data_is_fingerprinted_from_its_files(tmp_path, cli):
     """Two copies of 'mnist' that differ: two sets of run ids; a dry run without the files plans none."""
     from test_datasets import write_mnist_like
 
@@ -388,6 +388,6 @@ def test_torchvision_data_is_fingerprinted_from_its_files(tmp_path, run_cli):
     ids = [{s.run_id for s in expand(protocol, data_fingerprints(protocol, str(root)))} for root in (a, b)]
     assert len(ids[0]) == 1 and ids[0] != ids[1]
     (tmp_path / "tv.yaml").write_text("name: tv\nversion: '1'\ndatasets: [mnist]\nregimes: [head]\nmethods: [naive]\n")
-    code, out, _ = run_cli("run", "--protocol", tmp_path / "tv.yaml", "--dry-run", "--results", tmp_path / "r",
+    code, out, _ = cli("run", "--protocol", tmp_path / "tv.yaml", "--dry-run", "--results", tmp_path / "r",
                            "--data-dir", tmp_path / "none")
     assert code == 0 and "to run: 0" in out and "not planned: 1 runs of mnist, whose files are not there" in out

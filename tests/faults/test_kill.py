@@ -20,7 +20,8 @@ import pandas as pd
 import pytest
 
 from harness.analysis.tables import analyse
-from harness.execution.store import TMP_MARK, load_records, read_record, scan_runs
+from harness.config.files import TMP_MARK
+from harness.execution.store import load_records, read_record, scan_runs
 
 from .conftest import REPO, tiny_protocol
 
@@ -159,7 +160,7 @@ def _assert_same_tables(killed: list, reference: list) -> None:
         pd.testing.assert_frame_equal(_comparable(a[name]), _comparable(b[name]), obj=name)
 
 
-def test_second_sweep_is_locked_out_then_the_stale_lock_is_taken_over(zygote, tmp_path, run_cli,
+def test_second_sweep_is_locked_out_then_the_stale_lock_is_taken_over(zygote, tmp_path, cli,
                                                                         bad_method_files):
     proto = tiny_protocol(tmp_path, methods=("naive", "hangs"), regimes=("head",))
     results = tmp_path / "res"
@@ -172,7 +173,7 @@ def test_second_sweep_is_locked_out_then_the_stale_lock_is_taken_over(zygote, tm
     in_flight = runs / f".abcdef123456.json{TMP_MARK}{pid}"  # as if the first were mid-write
     in_flight.write_text("{")
 
-    code, out, err = run_cli(*argv)
+    code, out, err = cli(*argv)
     assert code == 2
     assert err.strip() == (f"cl-bench: error: {lock.parent}: locked by another cl-bench run (pid {pid}, "
                            f"started {started}); wait for it to finish or stop it")
@@ -180,7 +181,7 @@ def test_second_sweep_is_locked_out_then_the_stale_lock_is_taken_over(zygote, tm
 
     os.killpg(pid, signal.SIGKILL)
     assert zygote.wait(pid) == -signal.SIGKILL
-    code, out, err = run_cli(*argv, "--methods", "naive")
+    code, out, err = cli(*argv, "--methods", "naive")
     assert code == 0, err
     assert f"note: taking over a stale lock {lock} (pid {pid} is gone)" in out
     assert not lock.exists() and not in_flight.exists()

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from harness.execution.plan import SweepError
+from harness.config.errors import SweepError
 from harness.execution.store import read_record
-from harness.execution.sweep import ResultsLock, process_start
+from harness.execution.lock import ResultsLock, process_start
 
 from .conftest import REPO
 

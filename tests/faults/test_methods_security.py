@@ -20,11 +20,11 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "analysis" / "recor
 
 @pytest.mark.slow
 def test_raising_nan_and_hanging_methods_become_records_and_the_board_shows_them(
-        tmp_path, run_cli, bad_method_files):
+        tmp_path, cli, bad_method_files):
     proto = tiny_protocol(tmp_path, methods=("naive", "raises", "nan", "hangs"), regimes=("head",))
     results = tmp_path / "res"
     method_flags = [x for f in bad_method_files.values() for x in ("--method", f)]
-    code, out, err = run_cli("run", "--protocol", proto, "--results", results, "--no-progress", "--no-mlflow",
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-progress", "--no-mlflow",
                              "--run-timeout", "8", *method_flags)
     assert code == 0, err
     assert "4 runs finished" in out and "1 diverged, 1 failed, 1 ok, 1 timeout" in out, out

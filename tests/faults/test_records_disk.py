@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.execution.store import TMP_MARK, load_records, scan_runs
+from harness.config.files import TMP_MARK
+from harness.execution.store import load_records, scan_runs
 
 from .conftest import tiny_protocol
 
@@ -58,7 +59,7 @@ REASONS = {"truncated": "not valid JSON (truncated?)", "foreign": "schema_versio
 KIND = {"truncated": "invalid", "foreign": "foreign", "edited": "invalid"}
 
 
-def test_damaged_records_are_reported_never_counted_and_redone(finished, tmp_path, run_cli):
+def test_damaged_records_are_reported_never_counted_and_redone(finished, tmp_path, cli):
     proto, original = finished
     results = tmp_path / "res"
     shutil.copytree(original, results)
@@ -74,12 +75,12 @@ def test_damaged_records_are_reported_never_counted_and_redone(finished, tmp_pat
     assert scan.stray == [files["stray"]] and list(scan.valid) == [files["intact"].stem]
     assert [r.run_id for r in load_records(results, "tiny")] == [files["intact"].stem]
 
-    code, out, err = run_cli("leaderboard", "--results", results, "--protocol", "tiny", "--out", tmp_path / "site")
+    code, out, err = cli("leaderboard", "--results", results, "--protocol", "tiny", "--out", tmp_path / "site")
     assert code == 0, err
     rows = list(csv.DictReader((tmp_path / "site" / "data" / "runs.csv").open()))
     assert [r["run_id"] for r in rows] == [files["intact"].stem]  # the damaged ones are not on the board
 
-    code, out, err = run_cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", *QUIET)
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", *QUIET)
     assert code == 0, err
     assert "done: 1   to run: 3" in out and "invalid record files (will be redone): 2" in out
     assert "foreign record files (never counted): 1" in out
@@ -94,7 +95,7 @@ def test_damaged_records_are_reported_never_counted_and_redone(finished, tmp_pat
 
 
 @pytest.mark.parametrize("kind", ["file", "sysfs", "chmod"])
-def test_unwritable_results_folder_fails_before_any_run(kind, finished, tmp_path, run_cli, monkeypatch):
+def test_unwritable_results_folder_fails_before_any_run(kind, finished, tmp_path, cli, monkeypatch):
     proto, _ = finished
     if kind == "file":
         results = tmp_path / "a-file"
@@ -111,7 +112,7 @@ def test_unwritable_results_folder_fails_before_any_run(kind, finished, tmp_path
         results.chmod(0o500)
     calls = []
     monkeypatch.setattr("harness.run.engine.run_one", lambda *a, **k: calls.append(a))
-    code, out, err = run_cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", *QUIET)
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", *QUIET)
     assert code == 2 and not calls
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "results folder is not writable" in lines[0] and str(results) in lines[0], err
@@ -121,11 +122,11 @@ def _enospc(*_a, **_k):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
-def test_full_disk_at_the_first_record_write(finished, tmp_path, run_cli, monkeypatch):
+def test_full_disk_at_the_first_record_write(finished, tmp_path, cli, monkeypatch):
     proto, _ = finished
     results = tmp_path / "res"
-    monkeypatch.setattr("harness.execution.store.os.fsync", _enospc)  # the record's bytes do not fit
-    code, out, err = run_cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", *QUIET)
+    monkeypatch.setattr("harness.config.files.os.fsync", _enospc)  # the record's bytes do not fit
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", *QUIET)
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "No space left on device" in lines[0] and "cannot write the record" in lines[0]
@@ -134,7 +135,7 @@ def test_full_disk_at_the_first_record_write(finished, tmp_path, run_cli, monkey
     assert not (results / "tiny" / ".lock").exists()
 
 
-def test_full_disk_before_any_run(finished, tmp_path, run_cli, monkeypatch):
+def test_full_disk_before_any_run(finished, tmp_path, cli, monkeypatch):
     proto, _ = finished
     real = Path.write_text
 
@@ -146,7 +147,7 @@ def test_full_disk_before_any_run(finished, tmp_path, run_cli, monkeypatch):
     calls = []
     monkeypatch.setattr(Path, "write_text", write_text)
     monkeypatch.setattr("harness.run.engine.run_one", lambda *a, **k: calls.append(a))
-    code, out, err = run_cli("run", "--protocol", proto, "--results", tmp_path / "res", "--no-leaderboard", *QUIET)
+    code, out, err = cli("run", "--protocol", proto, "--results", tmp_path / "res", "--no-leaderboard", *QUIET)
     assert code == 2 and not calls
     assert "results folder is not writable (No space left on device)" in err.strip()
     assert len(err.strip().splitlines()) == 1

@@ -1,7 +1,7 @@
 """Executors: one interface (`base.Executor`), four ways to run specs (inline, process, timeout, Ray)."""
 from __future__ import annotations
 
-from ..plan import SweepError
+from ...config.errors import SweepError
 from .base import Executor, RunOptions
 from .inline import InlineExecutor
 from .process import ProcessExecutor

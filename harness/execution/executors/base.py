@@ -9,9 +9,9 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
+from ...config.errors import SweepError
 from ...config.specs import RunRecord, RunSpec, failed_record
 from ...config.vocabulary import Status
-from ..plan import SweepError
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class RunOptions:
     # inside a run, and avoids oversubscribing cores (measured: see benchmarks/scaling.py).
     threads: int | None = 1
     submission: dict | None = None  # {"file", "sha256"}: recorded in provenance by `cl-bench submit`
-    timeout: float | None = None  # --run-timeout seconds: implies worker processes (timeouts.py)
+    timeout: float | None = None  # --run-timeout seconds: implies worker processes (timeout.py)
 
 
 def run_spec(spec: RunSpec, options: RunOptions) -> RunRecord:

@@ -12,8 +12,8 @@ import os
 from collections import deque
 from dataclasses import dataclass
 
+from ...config.errors import SweepError
 from ...config.specs import RunRecord, RunSpec
-from ..plan import SweepError
 from .base import Executor, init_worker, lost_record, run_spec
 
 

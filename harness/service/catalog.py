@@ -1,0 +1,81 @@
+"""What the harness offers and whether a method file fits it: `list` and `check`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+from ..config.defaults import LIST_SECTIONS
+from .requests import CheckRequest, ListRequest
+
+if TYPE_CHECKING:
+    from ..execution.check import CheckResult
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of a listing; its lines are computed as they are read (the methods' need the registry)."""
+
+    name: str
+    lines: Iterator[str]
+
+
+def list_sections(req: ListRequest) -> tuple[Section, ...]:
+    """The sections `req.what` asks for (every one for "all"), in order."""
+    names = LIST_SECTIONS if req.what == "all" else (req.what,)
+    return tuple(Section(name, LISTERS[name](req)) for name in names)
+
+
+def check(req: CheckRequest) -> CheckResult:
+    """The adapter contract of a method file (or a registered method) on a tiny synthetic stream."""
+    from ..execution.check import check as check_contract
+
+    return check_contract(req.file, device=req.device)
+
+
+def _list_protocols(req: ListRequest):
+    import yaml
+
+    from ..config.protocol import available_protocols, resolve_protocol_path
+
+    for name in available_protocols():
+        try:
+            raw = yaml.safe_load(resolve_protocol_path(name).read_text()) or {}
+        except Exception:  # listing must not die on one broken file
+            raw = {}
+        desc = str(raw.get("description", "")).strip().splitlines()[0] if raw.get("description") else ""
+        yield f"{name:<20} v{raw.get('version', '?'):<5} {desc}"
+
+
+def _list_datasets(req: ListRequest):
+    from ..config.vocabulary import DATASETS
+
+    for name, facts in DATASETS.items():
+        where = "embedded" if facts.source == "embedded" else "torchvision (--data-dir, --download)"
+        yield f"{name:<14} {facts.n_classes:>3} classes  default model {facts.default_model:<17} {where}"
+    yield "npz:PATH       your own arrays x_train, y_train, x_test, y_test"
+
+
+def _list_methods(req: ListRequest):
+    # metadata by content hash: importing every adapter (torch, Avalanche) takes seconds
+    from ..api.index import method_infos
+
+    for m in sorted(method_infos(req.method_files), key=lambda m: m["name"]):
+        hp = ", ".join(f"{k}={v}" for k, v in m["defaults"].items()) or "-"
+        yield f"{m['name']:<16} {m['description'][:60]:<60} [{hp}]  ({m['source']})"
+
+
+def _list_regimes(req: ListRequest):
+    from ..config.vocabulary import FAMILY_DESCRIPTIONS, MODELS
+
+    yield "head       train the task heads only"
+    yield "last-k     train the last k blocks + heads (k = 1, 2, 3, ... up to the model's depth)"
+    yield "full       train every block + heads"
+    yield "bitfit     train the biases of every block + heads (last-k:bitfit: of the last k blocks)"
+    yield "norm       train the normalisation layers' scale and shift + heads (last-k:norm)"
+    yield "lora-rR    train rank-R LoRA adapters on every Linear/Conv, base frozen + heads (last-k:lora-rR)"
+    yield "families: " + "; ".join(f"{f}: {d}" for f, d in FAMILY_DESCRIPTIONS.items())
+    yield "models: " + ", ".join(f"{name} ({facts.n_blocks} blocks)" for name, facts in MODELS.items())
+
+
+LISTERS = {"protocols": _list_protocols, "datasets": _list_datasets, "methods": _list_methods,
+           "regimes": _list_regimes}
