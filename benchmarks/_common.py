@@ -14,14 +14,14 @@ import torch
 
 from harness import compat  # noqa: F401  (quirks first)
 from harness.api.contract import make_optimizer
+from harness.api.registry import get_registry
+from harness.config.pretrain import Pretrain
+from harness.config.specs import DatasetSpec, RunSpec, TrainingSpec
 from harness.run.datasets import load_dataset
 from harness.run.engine import build_run_model, seed_everything
 from harness.run.evaluation import evaluate_tasks
 from harness.run.fastdata import batch_generator
-from harness.api.registry import get_registry
 from harness.run.regimes import apply_regime
-from harness.config.pretrain import Pretrain
-from harness.config.specs import DatasetSpec, RunSpec, TrainingSpec
 from harness.run.streams import split_tasks
 
 

@@ -15,6 +15,7 @@ import _common as C
 import numpy as np
 import torch
 
+from harness.api.contract import make_optimizer
 from harness.methods._gpm_math import (
     PROJECTED_TYPES,
     closed_form_alpha,
@@ -25,7 +26,6 @@ from harness.methods._gpm_math import (
     project_gradient_,
     update_basis_from_gram,
 )
-from harness.api.contract import make_optimizer
 from harness.methods.gpm import sample_indices
 from harness.run.datasets import load_dataset
 from harness.run.engine import build_run_model, seed_everything

@@ -86,7 +86,8 @@ def table(results: Path) -> list[str]:
             if not len(v):
                 row += f"{'-':>30}"
                 continue
-            row += f"{100 * v[:, 0].mean():9.1f} ± {100 * v[:, 0].std():3.1f}{100 * v[:, 1].mean():9.1f} ± {100 * v[:, 1].std():3.1f}"
+            row += (f"{100 * v[:, 0].mean():9.1f} ± {100 * v[:, 0].std():3.1f}"
+                    f"{100 * v[:, 1].mean():9.1f} ± {100 * v[:, 1].std():3.1f}")
         warned = sum(int(x[2]) for rg in regimes for x in cells.get((m, rg), []))
         lines.append(row + (f"   ({warned} warnings)" if warned else ""))
     return lines

@@ -22,15 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _common as C  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import _common as C  # noqa: E402
-from harness.run import fastdata, speedups  # noqa: E402
-from harness.run.datasets import load_dataset  # noqa: E402
-from harness.run.engine import run_one  # noqa: E402
 from harness.config.pretrain import Pretrain  # noqa: E402
 from harness.config.specs import DatasetSpec  # noqa: E402
+from harness.run import speedups  # noqa: E402
+from harness.run.datasets import load_dataset  # noqa: E402
+from harness.run.engine import run_one  # noqa: E402
 
 
 def upsampled_digits(size: int, folder: Path) -> str:

@@ -69,10 +69,12 @@ def main() -> None:
     cells = defaultdict(list)
     for (c, ds, _, rg, _), status, warned, acc, seconds in results:
         cells[(c, ds, rg)].append((status, warned, acc or 0.0, seconds))
-    print(f"{'config':<14}{'data set':<10}{'regime':<8}{'ACC %':>7}{'warnings':>10}{'s/run':>7}   (5 orders, {args.methods})")
+    print(f"{'config':<14}{'data set':<10}{'regime':<8}{'ACC %':>7}{'warnings':>10}{'s/run':>7}"
+          f"   (5 orders, {args.methods})")
     for (c, ds, rg), rows in cells.items():
         acc = 100 * sum(r[2] for r in rows) / len(rows)
-        print(f"{c:<14}{ds:<10}{rg:<8}{acc:7.1f}{sum(r[1] for r in rows):10d}{sum(r[3] for r in rows) / len(rows):7.2f}")
+        seconds = sum(r[3] for r in rows) / len(rows)
+        print(f"{c:<14}{ds:<10}{rg:<8}{acc:7.1f}{sum(r[1] for r in rows):10d}{seconds:7.2f}")
 
 
 if __name__ == "__main__":

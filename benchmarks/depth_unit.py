@@ -47,13 +47,13 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _common as C  # noqa: E402
 import numpy as np  # noqa: E402
 
-import _common as C  # noqa: E402
+from harness.api.registry import get_registry  # noqa: E402
 from harness.config.paths import DATA_ENV  # noqa: E402
 from harness.config.protocol import load_protocol, select  # noqa: E402
 from harness.execution.plan import expand  # noqa: E402
-from harness.api.registry import get_registry  # noqa: E402
 from harness.run.datasets import load_dataset  # noqa: E402
 from harness.run.engine import run_one  # noqa: E402
 

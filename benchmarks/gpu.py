@@ -98,9 +98,9 @@ def protocol(orders: int) -> dict:
 def pick_runs(protocol_file: Path, data_dir: Path, n: int) -> list[str]:
     """Run ids of n runs spread over methods × regimes (order 0 first), as the CLI plans them."""
     from harness import compat  # noqa: F401  (quirks first)
+    from harness.api.registry import get_registry
     from harness.config.protocol import load_protocol
     from harness.execution.plan import data_fingerprints, expand
-    from harness.api.registry import get_registry
 
     proto = load_protocol(str(protocol_file), get_registry())
     specs = expand(proto, data_fingerprints(proto, str(data_dir)))

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _synthetic import synthetic_records
+
 from harness.analysis import bayes, stats
 from harness.analysis.tables import analyse
 from harness.outputs.site import build_site

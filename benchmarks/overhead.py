@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _common as C  # noqa: E402
 import torch  # noqa: E402
 
-import _common as C  # noqa: E402
-from harness.run import fastdata, speedups  # noqa: E402
-from harness.run.engine import run_one  # noqa: E402
 from harness.api.registry import get_registry  # noqa: E402
+from harness.run import speedups  # noqa: E402
+from harness.run.engine import run_one  # noqa: E402
 
 
 class EWCWork:

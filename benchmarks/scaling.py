@@ -26,13 +26,12 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from harness import compat  # noqa: F401,E402  (telemetry and usage stats off)
-from harness.execution.executors import RunOptions, make_executor  # noqa: E402
-from harness.config.protocol import load_protocol, select  # noqa: E402
-from harness.execution.store import load_records  # noqa: E402
 from harness.api.registry import get_registry  # noqa: E402
+from harness.config.protocol import load_protocol, select  # noqa: E402
+from harness.execution.executors import RunOptions, make_executor  # noqa: E402
 from harness.execution.plan import make_plan  # noqa: E402
+from harness.execution.store import load_records  # noqa: E402
 from harness.execution.sweep import run_sweep  # noqa: E402
-
 
 # --grid name -> (datasets, regimes, method entries) of depth-sweep-mini
 GRIDS = {

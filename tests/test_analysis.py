@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import fixture_records, record_from
 from scipy import stats as sps
 
 from harness.analysis import correlations, ranks, stats
@@ -17,7 +18,6 @@ from harness.analysis.coverage import Cells, coverage_table
 from harness.analysis.frame import format_summary, records_to_frame, regime_order, summary_table
 from harness.analysis.result import AnalysisResult, AnalysisSettings
 from harness.analysis.tables import analyse, headline, metric_table
-from conftest import fixture_records, record_from
 
 FIXTURE = Path(__file__).parent / "fixtures" / "analysis" / "records.json"
 

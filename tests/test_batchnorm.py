@@ -7,11 +7,10 @@ import dataclasses
 
 import pytest
 import torch
+from test_gpm import digits_tasks, drive, memory_of
 
 from harness.methods._batchnorm import batchnorm_layers
 from harness.methods.merging import MergingPlugin, merged_statistics
-
-from test_gpm import digits_tasks, drive, memory_of
 
 
 def shifted_tasks():

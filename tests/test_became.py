@@ -3,14 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
+from test_gpm import check_regime, drive
 from torch import nn
 
 from harness.methods._gpm_math import closed_form_alpha, diag_fisher, merge_tensors
 from harness.methods.became import SWEEP_GRID
-
-from test_gpm import check_regime, drive
 
 
 class SoftmaxRegression(nn.Module):
@@ -151,6 +149,7 @@ def test_stage_budget_splits_or_doubles_the_epochs(stages, epochs, expected):
 
     sys.path.insert(0, str(Path(__file__).parent))
     from conftest import make_spec
+
     from harness.config.specs import TrainingSpec
     from harness.run.engine import run_one
 
@@ -234,6 +233,7 @@ def test_alpha_zero_is_the_same_run_as_gpm_over_many_tasks():
 
     sys.path.insert(0, str(Path(__file__).parent))
     from conftest import make_spec
+
     from harness.run.engine import run_one
 
     common = dict(regime="last-2", dataset=make_spec().dataset.__class__("digits", 4, 2, "mlp"))

@@ -17,9 +17,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from test_site_pages import rich_records
 
 from harness.outputs.site import build_site, slug
-from test_site_pages import rich_records
 
 CHROMIUM = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(b)), None)

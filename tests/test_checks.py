@@ -4,12 +4,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from conftest import make_spec
 
 from harness.config.specs import TrainingSpec
 from harness.run import checks
 from harness.run.engine import run_one
-
-from conftest import make_spec
 
 
 def test_chance_threshold_is_five_points_or_three_standard_errors():
@@ -146,9 +145,9 @@ def test_a_merge_is_checked_on_the_model_it_trained():
 
 @pytest.mark.slow
 def test_merging_records_carry_the_trained_accuracy_and_others_do_not():
-    from harness.run.engine import run_one
-
     from conftest import make_spec
+
+    from harness.run.engine import run_one
 
     merged = run_one(make_spec(regime="last-2", method="magmax", pretrain="none"), device="cpu")
     plain = run_one(make_spec(regime="last-2", method="naive", pretrain="none"), device="cpu")

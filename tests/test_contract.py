@@ -4,12 +4,11 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT
 
 from harness.cli import main
 from harness.execution.check import CONTRACT_REGIMES, check, contract_spec, gaussian_blobs
 from harness.run.engine import run_one
-
-from conftest import ROOT
 
 
 @pytest.fixture(autouse=True)

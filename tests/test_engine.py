@@ -1,16 +1,14 @@
 """run_one: record contents, determinism, failures and divergence as records."""
 import math
 
-import torch
-
 import numpy as np
 import pytest
+import torch
+from conftest import make_spec
 
 from harness.config.metrics import all_metrics
 from harness.config.specs import TrainingSpec
 from harness.run.engine import run_one
-
-from conftest import make_spec
 
 
 @pytest.fixture(scope="module")

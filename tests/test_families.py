@@ -10,16 +10,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats as sps
-
 from conftest import record_from
+from scipy import stats as sps
+from test_figures import drawn_regime_names
+
 from harness.analysis import correlations, families
 from harness.analysis.coverage import Cells, coverage_table
 from harness.analysis.frame import records_to_frame, regime_order
 from harness.analysis.tables import analyse, headline
 from harness.config.pretrain import Pretrain
 from harness.config.vocabulary import FAMILY_DESCRIPTIONS
-from test_figures import drawn_regime_names
 
 # Mean ACC per regime and method (G is "gpm": depth regimes only). Depth regimes agree with each
 # other but for `full`, which swaps A/B and C/G; bitfit and both lora regimes reverse A > B > C.
@@ -398,8 +398,9 @@ def test_overview_shows_families_regimes_and_the_pretrain_label(site):
 
 
 def test_depth_only_site_has_no_family_section(tmp_path):
-    from harness.outputs.site import build_site
     from test_site_pages import _page
+
+    from harness.outputs.site import build_site
 
     build_site(mixed_records(grid={k: GRID[k] for k in ("head", "last-1")}), tmp_path)
     text = _page(tmp_path / "index.html").text

@@ -10,19 +10,19 @@ import random
 
 import pytest
 import torch
+from conftest import make_spec
 
-from harness.methods import rehearsal
 from harness.api.contract import dataset_tensors, tag_tensors
-from harness.methods.gpm import dataset_batches
 from harness.api.registry import get_registry
+from harness.config.specs import DatasetSpec
+from harness.methods import rehearsal
+from harness.methods.gpm import dataset_batches
 from harness.methods.rehearsal import MemorySampler, MixedBatches, TensorAGEMPlugin, rows_of
 from harness.run import streams
 from harness.run.datasets import load_dataset
 from harness.run.engine import run_one
 from harness.run.fastdata import TensorBatches, batch_generator
 from harness.run.streams import split_tasks, to_avalanche
-from conftest import make_spec
-from harness.config.specs import DatasetSpec
 
 
 def _tasks():
@@ -100,7 +100,7 @@ def test_mixed_batches_follow_each_minibatch_with_as_many_memory_rows():
                            torch.Generator().manual_seed(1))
     batches = list(MixedBatches(loader, memory, 32))
     assert len(batches) == len(loader)
-    for x, y, t in batches[:-1]:
+    for _x, y, t in batches[:-1]:
         assert len(y) == 64 and t[:32].eq(1).all() and t[32:].eq(0).all()
     memory_rows = torch.cat([x[32:] for x, _, _ in batches[:-1]])
     known = {tuple(r.flatten().tolist()) for r in tasks[0].x_train[:50]}

@@ -4,8 +4,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from conftest import fixture_records
+
 from harness.analysis.tables import analyse
 from harness.outputs import figures
 from harness.outputs.figures import write_figures

@@ -8,8 +8,8 @@ import math
 from html.parser import HTMLParser
 
 import pytest
-
 from conftest import record_from
+
 from harness.analysis.coverage import Cells, coverage_table
 from harness.analysis.frame import FLAG, format_summary, records_to_frame
 from harness.analysis.tables import analyse, budget_table, flagged_table, metric_table

@@ -9,16 +9,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.api.contract import MethodContext, make_optimizer
-from harness.run.datasets import load_dataset
-from harness.run.evaluation import evaluate_tasks
-from harness.methods._gpm_math import layer_input_matrix, project_gradient_, update_basis_from_gram
-from harness.methods.gpm import GPMMemory, sample_indices
-from harness.run.models import build_model
-from harness.run.plugins import HarnessPlugin
-from harness.run.regimes import apply_regime, trainable_blocks
 from harness.api.registry import get_registry
 from harness.config.pretrain import Pretrain
 from harness.config.specs import TrainingSpec
+from harness.methods._gpm_math import layer_input_matrix, update_basis_from_gram
+from harness.methods.gpm import GPMMemory, sample_indices
+from harness.run.datasets import load_dataset
+from harness.run.evaluation import evaluate_tasks
+from harness.run.models import build_model
+from harness.run.plugins import HarnessPlugin
+from harness.run.regimes import apply_regime, trainable_blocks
 from harness.run.streams import split_tasks, to_avalanche
 
 CPU = torch.device("cpu")

@@ -3,20 +3,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from avalanche.core import SupervisedPlugin
 
-from harness.api.contract import MethodContext, make_optimizer
-from harness.api.contract import evaluated_model
-from harness.run.engine import keep_optimizer_on_trainable, run_one
-from harness.methods import _merge_rules as rules
-from harness.methods.merging import MergingPlugin, merged_weights
-from harness.run.models import build_model
-from harness.run.plugins import HarnessPlugin
-from harness.run.regimes import apply_regime, trainable_blocks, trained_effective
+from harness.api.contract import MethodContext, evaluated_model, make_optimizer
 from harness.api.registry import get_registry
 from harness.config.pretrain import Pretrain
 from harness.config.specs import TrainingSpec
+from harness.methods import _merge_rules as rules
+from harness.methods.merging import MergingPlugin, merged_weights
+from harness.run.engine import keep_optimizer_on_trainable, run_one
+from harness.run.models import build_model
+from harness.run.plugins import HarnessPlugin
+from harness.run.regimes import apply_regime, trainable_blocks, trained_effective
 from harness.run.streams import Task, to_avalanche
-from avalanche.core import SupervisedPlugin
 
 T_ = torch.tensor
 TRAINING = TrainingSpec(lr=0.1, momentum=0.9, epochs=1, batch_size=16)

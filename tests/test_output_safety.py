@@ -7,8 +7,8 @@ import unicodedata
 from pathlib import Path
 
 import pytest
-
 from conftest import fixture_records
+
 from harness.analysis.frame import format_summary, records_to_frame
 from harness.cli import one_line
 from harness.config.specs import RunRecord

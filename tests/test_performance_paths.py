@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.run import fastdata, speedups
+from harness.config.pretrain import Pretrain
+from harness.config.specs import DatasetSpec, RunSpec, TrainingSpec
+from harness.run import speedups
 from harness.run.engine import run_one
 from harness.run.fastdata import TensorBatches, batch_generator
 from harness.run.models import build_model
 from harness.run.prefix_cache import frozen_prefix, prefix_features
 from harness.run.regimes import apply_regime
-from harness.config.pretrain import Pretrain
-from harness.config.specs import DatasetSpec, RunSpec, TrainingSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import _common  # noqa: E402  (the benchmarks' plain PyTorch loop)

@@ -15,14 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_spec
 from torch import nn
 
-from harness.config.errors import UserError
-from harness.config.errors import PretrainError
+from harness.config.errors import PretrainError, UserError
 from harness.config.pretrain import Pretrain, PretrainKind, parse_pretrain
 from harness.config.specs import SCHEMA_VERSION, DatasetSpec, RunSpec
-
-from conftest import make_spec
 
 SRC = "protocols/p.yaml"
 DIGITS = (1, 8, 8)

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_spec
 
-from harness.config.pretrain import parse_pretrain
-from harness.config.specs import DatasetSpec, TrainingSpec
 from harness.api import contract
 from harness.api.subspace import effective_weights
+from harness.config.pretrain import parse_pretrain
+from harness.config.specs import DatasetSpec, TrainingSpec
 from harness.run.engine import build_run_model, run_one
-
-from conftest import make_spec
 
 pytestmark = pytest.mark.slow  # every test here trains real models (runs, sweeps)
 

@@ -4,10 +4,10 @@ import copy
 import pytest
 import yaml
 
+from harness.api.registry import get_registry
 from harness.config.protocol import ProtocolError, load_protocol, parse_protocol, select
 from harness.config.vocabulary import MODELS
 from harness.execution.plan import expand
-from harness.api.registry import get_registry
 
 GOOD = {
     "name": "p", "version": "1", "datasets": [{"name": "digits", "n_tasks": 5, "classes_per_task": 2}],

@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import cl_bench_cmd
 from ray_cluster import RAY, RayCluster
 

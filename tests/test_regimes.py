@@ -1,14 +1,13 @@
 """Depth regimes: which blocks train, and that frozen blocks stay bitwise unchanged."""
 import pytest
 import torch
+from conftest import make_spec
 
+from harness.config.specs import DatasetSpec
+from harness.config.vocabulary import regime_depth as regime_k
 from harness.run.engine import run_one
 from harness.run.models import build_model
-from harness.config.vocabulary import regime_depth as regime_k
 from harness.run.regimes import apply_regime, changed_frozen, frozen_state, trainable_blocks
-from harness.config.specs import DatasetSpec
-
-from conftest import make_spec
 
 
 def test_regime_blocks():

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import fixture_records
+
 from harness.analysis import stats
 from harness.analysis.tables import analyse
 from harness.outputs.report import md_escape, report_latex, report_markdown, tex_escape
@@ -119,7 +119,7 @@ def test_bold_cells_are_the_column_best(tables, fmt):
     parsed = md_tables(text) if fmt == "markdown" else tex_tables(text)
     parse = md_cell if fmt == "markdown" else tex_cell
     for table, best in zip(parsed, (max, min)):  # ACC: highest; forgetting: lowest
-        for j, regime in enumerate(REGIMES):
+        for j in range(len(REGIMES)):
             col = {m: parse(cells[j]) for m, cells in table["rows"].items()}
             top = best(c["mean"] for c in col.values())
             assert {m for m, c in col.items() if c["bold"]} == {m for m, c in col.items() if c["mean"] == top}

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import make_spec, record_from
 from scipy import stats as sps
 
 from harness.analysis import bayes, power, stats
@@ -15,7 +16,6 @@ from harness.analysis.decisions import bayes_table, credible_reversals
 from harness.analysis.degenerate import degenerate_table, tie_groups
 from harness.analysis.frame import records_to_frame
 from harness.analysis.tables import analyse, headline
-from conftest import make_spec, record_from
 
 baycomp = pytest.importorskip("baycomp")
 

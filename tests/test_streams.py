@@ -1,8 +1,8 @@
 """Task orders and task splits."""
 import torch
 
-from harness.run.datasets import load_dataset
 from harness.execution.plan import class_order
+from harness.run.datasets import load_dataset
 from harness.run.streams import split_tasks
 
 

@@ -8,17 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from harness.cli import main
-from harness.execution.check import check_adapter, contract_spec
-from harness.run.engine import run_one
-from harness.config.protocol import load_protocol, select
-from harness.execution.plan import expand
-from harness.api.registry import ENTRY_POINT_GROUP, RegistryError, discover, get_registry
-from harness.config.files import file_sha256
-from harness.execution.submission import with_method
-
 from conftest import ROOT
+
+from harness.api.registry import ENTRY_POINT_GROUP, RegistryError, discover, get_registry
+from harness.cli import main
+from harness.config.files import file_sha256
+from harness.config.protocol import load_protocol, select
+from harness.execution.check import check_adapter, contract_spec
+from harness.execution.plan import expand
+from harness.execution.submission import with_method
+from harness.run.engine import run_one
 
 with contextlib.chdir(ROOT):  # submissions/ is found relative to the working directory
     REGISTRY = get_registry()

@@ -5,18 +5,16 @@ import sys
 
 import pytest
 import torch
+from conftest import ROOT, make_spec
 from torch import nn
 
+from harness.api.subspace import effective_weights, lora_layers, write_effective
 from harness.config.specs import DatasetSpec, TrainingSpec
 from harness.config.vocabulary import REGIME_GRAMMAR, parse_regime, regime_depth, regime_family
-from harness.api.subspace import effective_weights, lora_layers, write_effective
 from harness.run.engine import run_one
 from harness.run.models import build_model
 from harness.run.norms import update_norms
-from harness.run.regimes import (apply_regime, inject_adapters, parameter_counts, selected_parameters,
-                                 trained_effective)
-
-from conftest import ROOT, make_spec
+from harness.run.regimes import apply_regime, inject_adapters, parameter_counts, selected_parameters, trained_effective
 
 FAST = TrainingSpec(lr=0.1, momentum=0.9, epochs=1, batch_size=32)
 
@@ -43,8 +41,8 @@ BAD_REGIMES = ["lora-r0", "lora-rx", "lora", "last-2:lora", "bitfit:last-1", "la
 
 @pytest.mark.parametrize("bad", BAD_REGIMES)
 def test_bad_regime_strings_give_one_line_with_the_grammar(bad):
-    from harness.config.protocol import ProtocolError, parse_protocol
     from harness.api.registry import get_registry
+    from harness.config.protocol import ProtocolError, parse_protocol
 
     raw = {"name": "p", "version": "1", "datasets": ["digits"], "regimes": ["head", bad], "methods": ["naive"]}
     with pytest.raises(ProtocolError) as caught:
@@ -64,8 +62,8 @@ def test_a_bad_regime_on_the_command_line_exits_2_with_one_line(tmp_path):
 
 
 def test_a_family_that_selects_nothing_is_refused_at_load(tmp_path):
-    from harness.config.protocol import ProtocolError, parse_protocol
     from harness.api.registry import get_registry
+    from harness.config.protocol import ProtocolError, parse_protocol
 
     raw = {"name": "p", "version": "1", "datasets": [{"name": "digits", "model": "small-cnn"}],
            "regimes": ["last-1:norm"], "methods": ["naive"]}
@@ -118,8 +116,7 @@ def test_lora_trains_only_adapter_parameters_and_heads():
             seen.setdefault("optimized", []).append(names)
 
     spec = make_spec(regime="lora-r4", pretrain="none", training=FAST, dataset=DatasetSpec("digits", 3, 2, "mlp-bn"))
-    from harness.api.registry import get_registry
-    from harness.run.engine import _Progress, _execute  # noqa: F401  (the observer is run_one's hook)
+    from harness.run.engine import _execute, _Progress  # noqa: F401  (the observer is run_one's hook)
 
     record = run_one(spec, device="cpu", observer=observer)
     assert record.status == "ok", record.error
@@ -241,9 +238,9 @@ def test_magmax_under_lora_merges_effective_task_vectors_from_theta0():
 
 
 def test_gpm_is_refused_with_lora_and_allowed_when_restricted_to_depth(tmp_path):
+    from harness.api.registry import get_registry
     from harness.config.protocol import ProtocolError, parse_protocol
     from harness.execution.plan import expand
-    from harness.api.registry import get_registry
 
     base = {"name": "p", "version": "1", "datasets": [{"name": "digits", "model": "mlp-bn"}],
             "regimes": ["head", "lora-r4", "last-1"]}

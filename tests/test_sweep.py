@@ -116,6 +116,7 @@ def test_jobs_two_gives_the_same_records_as_inline(smoke_results, tmp_path):
 
 def test_a_view_shows_one_version_and_leaves_out_clashing_cells():
     from conftest import record_from
+
     from harness.execution.views import view_records
 
     def rec(run_id, version, lam, order=0):

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from conftest import make_spec
 
 from harness.analysis.frame import COLUMNS, records_to_frame
 from harness.config.metrics import all_metrics
@@ -14,8 +15,6 @@ from harness.run.datasets import load_dataset
 from harness.run.engine import run_one
 from harness.run.evaluation import evaluate_class_il, task_columns
 from harness.run.streams import Task, split_tasks
-
-from conftest import make_spec
 
 CPU = torch.device("cpu")
 

@@ -156,6 +156,7 @@ def test_broken_store_warns_once_and_the_sweep_finishes(tmp_path, capsys):
 
 def test_record_metrics_by_hand():
     from conftest import record_from
+
     from harness.outputs.tracking import flatten_spec, record_metrics
 
     rec = record_from({"metrics": {"acc": 0.5, "fwt": None}, "acc_matrix": [[1.0, 0.5], [0.75, 0.25]],

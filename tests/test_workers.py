@@ -5,9 +5,8 @@ import sys
 
 import pytest
 
-from harness.execution.executors import ProcessExecutor, RunOptions, uses_worker_processes
-from harness.execution.executors import base
 from harness.config.errors import SweepError
+from harness.execution.executors import ProcessExecutor, RunOptions, base, uses_worker_processes
 
 
 def report_state(spec, options):

@@ -55,7 +55,8 @@ def degenerate_table(frame: pd.DataFrame, cells: Cells, tolerance: float = TOLER
             degenerate = identical or equivalent
             reason = (f"all {len(keep)} methods score within {tol:g} of each other in every task order" if identical
                       else f"every pair of the {len(keep)} methods is practically equal (Bayesian signed-rank, "
-                           f"ROPE {rope_points:g} ACC point{'' if rope_points == 1 else 's'}, P >= 0.95)" if equivalent else "")
+                           f"ROPE {rope_points:g} ACC point{'' if rope_points == 1 else 's'}, P >= 0.95)"
+                           if equivalent else "")
             rows.append({"dataset": ds, "regime": rg, "n_methods": len(keep), "degenerate": degenerate,
                          "largest_tie": len(largest), "tied": ", ".join(largest) if len(largest) > 1 else "",
                          "spread": spread, "reason": reason})

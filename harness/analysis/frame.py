@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pandas as pd
 
+from ..config.metrics import METRIC_NAMES
 from ..config.specs import RunRecord
 from ..config.text import terminal_safe
-from ..config.metrics import METRIC_NAMES
 from ..config.vocabulary import WARNINGS, Status, regime_family, regime_sort_key
 
 # `ranked`: the run enters the rank statistics (ok, and not flagged unless flagged runs are

@@ -11,13 +11,15 @@ resolves them by name and drives them through it. See submissions/README.md.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import harness.compat  # noqa: F401  (quirks first)
 
 import torch
 
-from .. import compat  # noqa: F401  (quirks first)
 from ..config.pretrain import Pretrain
 from ..config.specs import TrainingSpec
 from ..config.vocabulary import OPTIMIZERS, Family, Scenario

@@ -15,22 +15,18 @@ edited plug-in never reuses old records.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from ..config.errors import UserError
 from ..config import vocabulary as vocab
+from ..config.errors import PluginError
+from ..config.validate import show
 
 BUILT_IN = "built-in"
 
 
-class RegistryError(UserError, ValueError):
-    """A method or plug-in module is unusable; the message names the file and the reason."""
-
-
-class PluginError(RegistryError):
-    """A plug-in is unusable or not registered; the message names the file and the reason."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +127,7 @@ def plugins_of(obj, source: str) -> tuple:
     found = getattr(obj, "PLUGINS", obj)
     if not isinstance(found, (tuple, list)) or not all(isinstance(p, PLUGIN) for p in found):
         raise PluginError(f"{source}: PLUGINS must be a tuple of harness.api.plugins.Backbone, DataSource "
-                          f"or RegimeFamily values, got {_show(found)}")
+                          f"or RegimeFamily values, got {show(found)}")
     return tuple(found)
 
 
@@ -201,21 +197,21 @@ def _check_backbone(b: Backbone, where: str) -> None:
     names = b.blocks
     if not isinstance(names, tuple) or not names or not all(isinstance(n, str) and n for n in names) \
             or len(set(names)) != len(names):
-        raise PluginError(f"{where}: blocks must be a non-empty tuple of distinct names, got {_show(names)}")
+        raise PluginError(f"{where}: blocks must be a non-empty tuple of distinct names, got {show(names)}")
     for key in ("norm_blocks", "bias_blocks"):
         value = getattr(b, key)
         if not isinstance(value, tuple) or not set(value) <= set(names):
-            raise PluginError(f"{where}: {key} must be a tuple of its blocks ({', '.join(names)}), got {_show(value)}")
+            raise PluginError(f"{where}: {key} must be a tuple of its blocks ({', '.join(names)}), got {show(value)}")
     shape = b.input_shape
     if not isinstance(shape, tuple) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
-        raise PluginError(f"{where}: input_shape must be a tuple of positive ints (one sample), got {_show(shape)}")
+        raise PluginError(f"{where}: input_shape must be a tuple of positive ints (one sample), got {show(shape)}")
     if set(b.tail) & set(names):
         raise PluginError(f"{where}: tail names {sorted(set(b.tail) & set(names))} are also blocks")
 
 
 def _check_dataset(d: DataSource, where: str) -> None:
     if isinstance(d.n_classes, bool) or not isinstance(d.n_classes, int) or d.n_classes < 2:
-        raise PluginError(f"{where}: n_classes must be an int >= 2, got {_show(d.n_classes)}")
+        raise PluginError(f"{where}: n_classes must be an int >= 2, got {show(d.n_classes)}")
     if d.default_model not in vocab.MODELS:
         raise PluginError(f"{where}: default_model {d.default_model!r} is not a backbone; allowed: "
                           f"{', '.join(vocab.MODELS)} (or a backbone declared before it)")
@@ -227,7 +223,7 @@ def _check_family(f: RegimeFamily, where: str) -> None:
                           f"and none of {', '.join(GRAMMAR_WORDS)}")
     if f.argument is not None and not (isinstance(f.argument, str) and re.fullmatch(r"[a-z]", f.argument)):
         raise PluginError(f"{where}: argument must be one lower-case letter (regimes NAME-<letter>N) or None, "
-                          f"got {_show(f.argument)}")
+                          f"got {show(f.argument)}")
     if f.inject is not None and not callable(f.inject):
         raise PluginError(f"{where}: inject must be a function inject(model, blocks, argument) or None")
 
@@ -249,8 +245,3 @@ def _add_to_vocabulary(plugin) -> None:
     else:
         vocab.FAMILY_ARGUMENTS[plugin.name] = plugin.argument
         vocab.FAMILY_DESCRIPTIONS[plugin.name] = plugin.description
-
-
-def _show(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -23,7 +23,6 @@ from ..config.paths import submission_files, submissions_dir
 from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, PLUGIN_GROUPS, Family
 from . import plugins
 from .contract import MethodAdapter
-from .plugins import RegistryError
 
 METHODS_PACKAGE = "harness.methods"  # one module per built-in method family, nothing else
 
@@ -43,7 +42,8 @@ def adapters_from_module(module, source: str) -> list[MethodAdapter]:
         raise RegistryError(f"{source}: missing {', '.join(missing)}; an adapter module defines "
                             "NAME (str), DEFAULTS (dict) and build(ctx, **hparams) (a plug-in file: PLUGINS)")
     adapter = MethodAdapter(module.NAME, module.DEFAULTS, module.build, source=source,
-                            description=str(getattr(module, "DESCRIPTION", "") or (module.__doc__ or "").strip().split("\n")[0]),
+                            description=str(getattr(module, "DESCRIPTION", "")
+                                            or (module.__doc__ or "").strip().split("\n")[0]),
                             reference=str(getattr(module, "REFERENCE", "")),
                             family=str(getattr(module, "FAMILY", "submission")),
                             prefix_cache=getattr(module, "PREFIX_CACHE", False),
@@ -76,7 +76,8 @@ def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
     if not isinstance(adapter.prefix_cache, bool):
         raise RegistryError(f"{source}: PREFIX_CACHE of {name!r} must be True or False, got {adapter.prefix_cache!r}")
     captions = adapter.captions
-    if not hasattr(captions, "items") or not all(isinstance(k, str) and isinstance(v, str) for k, v in captions.items()):
+    plain = hasattr(captions, "items") and all(isinstance(k, str) and isinstance(v, str) for k, v in captions.items())
+    if not plain:
         raise RegistryError(f"{source}: CAPTIONS of {name!r} must map diagnostic keys to strings")
     _check_hparam_types(adapter, source)
     families = adapter.regime_families
@@ -168,7 +169,7 @@ def _plugin_entry_points() -> list:
     return out
 
 
-def discover(extra_files=(), include_submissions: bool = True, include_entry_points: bool = True) -> "Registry":
+def discover(extra_files=(), include_submissions: bool = True, include_entry_points: bool = True) -> Registry:
     """Build the registry and register the plug-ins; a name defined twice fails loudly with both sources."""
     # A file reached twice (submissions/ and --method, or an installed entry point's own file)
     # counts once.
@@ -214,7 +215,7 @@ class Registry(dict):
         super().__init__(*args, **kwargs)
         self.files = files
 
-    def extended(self, files) -> "Registry":
+    def extended(self, files) -> Registry:
         """The registry with `files` loaded too (a protocol's `plugins:`)."""
         return get_registry(tuple(dict.fromkeys((*self.files, *map(str, files)))))
 

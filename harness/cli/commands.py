@@ -8,8 +8,17 @@ from __future__ import annotations
 import sys
 
 from .. import service
-from ..service.requests import (CheckRequest, ExportRequest, FiguresRequest, LeaderboardRequest, ListRequest,
-                                ReportRequest, ReproduceRequest, SubmitRequest, SweepRequest)
+from ..service.requests import (
+    CheckRequest,
+    ExportRequest,
+    FiguresRequest,
+    LeaderboardRequest,
+    ListRequest,
+    ReportRequest,
+    ReproduceRequest,
+    SubmitRequest,
+    SweepRequest,
+)
 
 
 def run_command(req: SweepRequest) -> int:

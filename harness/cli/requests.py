@@ -8,8 +8,17 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from ..service.requests import (CheckRequest, ExportRequest, FiguresRequest, LeaderboardRequest, ListRequest,
-                                ReportRequest, ReproduceRequest, SubmitRequest, SweepRequest)
+from ..service.requests import (
+    CheckRequest,
+    ExportRequest,
+    FiguresRequest,
+    LeaderboardRequest,
+    ListRequest,
+    ReportRequest,
+    ReproduceRequest,
+    SubmitRequest,
+    SweepRequest,
+)
 
 REQUESTS = {"run": SweepRequest, "check": CheckRequest, "list": ListRequest, "leaderboard": LeaderboardRequest,
             "export": ExportRequest, "report": ReportRequest, "figures": FiguresRequest,

@@ -23,7 +23,11 @@ class PretrainError(UserError, ValueError):
 
 
 class RegistryError(UserError, ValueError):
-    """A method module is unusable; the message names the file and the reason."""
+    """A method or plug-in module is unusable; the message names the file and the reason."""
+
+
+class PluginError(RegistryError):
+    """A plug-in is unusable or not registered; the message names the file and the reason."""
 
 
 class DatasetError(UserError, ValueError):

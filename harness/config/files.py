@@ -9,9 +9,9 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 TMP_MARK = ".tmp-"
 CHUNK = 1 << 20  # checkpoints can be large: hash them in pieces

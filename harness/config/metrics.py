@@ -16,8 +16,8 @@ the table's names, and `cl-bench --help` stays numpy-free.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 def acc(R, init) -> float:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 
-from .errors import PretrainError, UserError
+from .errors import PretrainError
 from .files import file_sha256
 from .validate import MAX_SEED, Validator, show
 from .vocabulary import DATASETS
@@ -143,7 +143,7 @@ class Pretrain:
         return self.kind.value
 
     @staticmethod
-    def from_json(value) -> "Pretrain":
+    def from_json(value) -> Pretrain:
         """The value whose canonical JSON form is `value` (a record's spec); ValueError for any other."""
         try:
             found = _from_json(value)
@@ -153,7 +153,7 @@ class Pretrain:
             raise ValueError(f"pretrain: {show(value)} is not a canonical pretrain value")
         return found
 
-    def for_dataset(self, name: str) -> "Pretrain":
+    def for_dataset(self, name: str) -> Pretrain:
         """The value of one data set's runs: `dataset: same` becomes that data set's name."""
         if self.recipe is not None and self.recipe.dataset == SAME:
             return replace(self, recipe=replace(self.recipe, dataset=name))

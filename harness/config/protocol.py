@@ -5,13 +5,25 @@ import dataclasses
 from pathlib import Path
 
 from .errors import ProtocolError, UserError
-from .pretrain import PretrainError, parse_pretrain
 from .paths import protocol_dirs
+from .pretrain import PretrainError, parse_pretrain
 from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
 from .validate import MAX_SEED, Validator, show
-from .vocabulary import (DATASETS, MODELS, NAME_RULE, OPTIMIZERS,
-                         NPZ_PREFIX, REGIME_GRAMMAR, USER_DATA_DEFAULT_MODEL, is_dataset_name, is_regime_name,
-                         Family, Scenario, is_valid_name, regime_family, regime_problem, runs_under_family)
+from .vocabulary import (
+    DATASETS,
+    MODELS,
+    NPZ_PREFIX,
+    OPTIMIZERS,
+    REGIME_GRAMMAR,
+    USER_DATA_DEFAULT_MODEL,
+    Family,
+    Scenario,
+    is_dataset_name,
+    is_regime_name,
+    regime_family,
+    regime_problem,
+    runs_under_family,
+)
 
 PROTOCOL_KEYS = ("name", "version", "description", "scenario", "pretrain", "plugins", "datasets", "regimes",
                  "methods", "task_orders", "seeds", "training", "evaluation", "resources")

@@ -5,8 +5,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from .vocabulary import Scenario, Status
 from .pretrain import Pretrain
+from .vocabulary import Scenario, Status
 
 # 2: run ids cover the method's implementation and the data's content (RunSpec.method_version,
 # RunSpec.data_fingerprint); records of schema 1 are foreign to this harness, never re-keyed.
@@ -138,7 +138,7 @@ class RunSpec:
         return run_id_of(self.to_dict())
 
     @staticmethod
-    def from_dict(d: dict) -> "RunSpec":
+    def from_dict(d: dict) -> RunSpec:
         """Rebuild a spec from its JSON form (unknown or missing keys raise TypeError or KeyError, a
         pretrain value that is not canonical ValueError)."""
         d = dict(d)
@@ -209,7 +209,7 @@ class RunRecord:
         return {**asdict(self), "spec": self.spec.to_dict()}
 
     @staticmethod
-    def from_dict(d: dict) -> "RunRecord":
+    def from_dict(d: dict) -> RunRecord:
         """Rebuild from JSON; unknown or missing keys raise TypeError (the caller validates)."""
         return RunRecord(**{**d, "status": Status(d["status"]), "spec": RunSpec.from_dict(d["spec"])})
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
+from ..api.plugins import implementations
 from ..config.errors import SweepError
 from ..config.specs import DatasetSpec, Protocol, RunSpec
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
-from ..api.plugins import implementations
 from .store import runs_dir, scan_runs
 
 

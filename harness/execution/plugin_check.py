@@ -103,7 +103,8 @@ def check_backbone(backbone, where: str) -> tuple[list, list]:
         return _failed("regimes", where, failed, "every block must work with the harness's freezing; see the error")
     n = sum(p.numel() for p in model.blocks.parameters())
     return [], [f"✓ {where}: builds for input {shape} ({', '.join(backbone.blocks)}; {n:,} parameters, "
-                f"{model.heads[0].in_features} features); forward and backward pass; regimes {', '.join(applied)} apply"]
+                f"{model.heads[0].in_features} features); forward and backward pass; "
+                f"regimes {', '.join(applied)} apply"]
 
 
 def _block_problem(backbone, model) -> tuple[str, str] | None:
@@ -217,8 +218,7 @@ def _apply_family(backbone: str, shape: tuple, regime: str) -> dict | None:
     import torch
 
     from ..run.models import build_model
-    from ..run.regimes import (RegimeError, apply_regime, changed_frozen, frozen_state, inject_adapters,
-                               parameter_counts)
+    from ..run.regimes import RegimeError, apply_regime, changed_frozen, frozen_state, inject_adapters, parameter_counts
 
     torch.manual_seed(0)
     model = build_model(backbone, shape, n_heads=2, head_classes=2).eval()

@@ -175,7 +175,8 @@ def describe(rep: Reproduction) -> list[str]:
     s = rep.record.spec
     lines = [f"record {rep.record.run_id}: protocol {s.protocol} v{s.protocol_version}, {s.dataset.name} / "
              f"{s.regime} / {rep.record.method}, order {s.order}, seed {s.seed} ({rep.path})",
-             f"rerun ({rep.rerun.status}, {rep.seconds:.1f} s)" + (f", kept in {rep.rerun_path}" if rep.rerun_path else "")]
+             f"rerun ({rep.rerun.status}, {rep.seconds:.1f} s)"
+             + (f", kept in {rep.rerun_path}" if rep.rerun_path else "")]
     if rep.verdict == "bitwise":
         lines.append(f"reproduced: bitwise equal ({', '.join(COMPARED)})")
     elif rep.verdict == "metrics":

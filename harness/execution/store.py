@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.metrics import all_metrics, step_forgetting
 from ..config.files import TMP_MARK, write_atomic
+from ..config.metrics import all_metrics, step_forgetting
 from ..config.specs import SCHEMA_VERSION, RunRecord, run_id_of
 from ..config.text import terminal_safe
 from ..config.vocabulary import Scenario, Status
@@ -104,8 +104,9 @@ def _shape_problem(data: dict) -> str | None:
             return f"its {key} is {type(data[key]).__name__}, not what the schema says"
     norms = data["update_norms"]
     bad = [k for k in SERIES if k in norms and not _series(norms[k])]
-    if bad or not (norms.get("drift") is None or _number(norms["drift"])) or not (
-            isinstance(norms.get("per_block", {}), dict) and all(_series(v) for v in norms.get("per_block", {}).values())):
+    per_block = norms.get("per_block", {})
+    blocks_ok = isinstance(per_block, dict) and all(_series(v) for v in per_block.values())
+    if bad or not (norms.get("drift") is None or _number(norms["drift"])) or not blocks_ok:
         return "its update_norms are not lists of numbers (shared, relative, step_forgetting, per_block) and a drift"
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data["params"].values()):
         return "its params are not parameter counts"

@@ -19,16 +19,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import harness.compat  # noqa: F401
 
-from .. import compat  # noqa: F401
+import torch
 from avalanche.training.templates import SupervisedTemplate
 
-from ._gpm_math import closed_form_alpha, diag_fisher, merge_tensors
 from ..api.contract import BATCH_GENERATOR_ATTRIBUTE, MethodAdapter
 from ..config.vocabulary import Family
-from .gpm import (GPM_DEFAULTS, GPM_REGIME_NOTE, GPMMemory, apply_batchnorm_policy, check_batchnorm_policy, check_gpm_hparams,
-                  dataset_batches, sample_indices)
+from ._gpm_math import closed_form_alpha, diag_fisher, merge_tensors
+from .gpm import (
+    GPM_DEFAULTS,
+    GPM_REGIME_NOTE,
+    GPMMemory,
+    apply_batchnorm_policy,
+    check_batchnorm_policy,
+    check_gpm_hparams,
+    dataset_batches,
+    sample_indices,
+)
 
 STAGE_BUDGETS = ("split", "full")
 BECAME_DEFAULTS = {"stages": "split", "stage1_epochs": None, "stage2_epochs": None, "stage2_lr": None,

@@ -18,22 +18,23 @@ the newest task (unprotected; for ablations). Frozen blocks keep their statistic
 """
 from __future__ import annotations
 
-import torch
+import harness.compat  # noqa: F401
 
-from .. import compat  # noqa: F401
+import torch
 from avalanche.core import SupervisedPlugin
 
-from ._batchnorm import batchnorm_layers
 from ..api.contract import MethodAdapter, dataset_tensors
 from ..config.vocabulary import Family
-from ._gpm_math import (PROJECTED_TYPES, energy_threshold, layer_input_matrix, project_gradient_,
-                        update_basis_from_gram)
+from ._batchnorm import batchnorm_layers
+from ._gpm_math import PROJECTED_TYPES, energy_threshold, layer_input_matrix, project_gradient_, update_basis_from_gram
 
 GPM_DEFAULTS = {"eps_base": 0.97, "eps_step": 0.003, "n_samples": 200, "batchnorm": "batch-stats"}
 BATCHNORM_POLICIES = ("batch-stats", "frozen-stats", "running-stats")
 
 
-GPM_REGIME_NOTE = ("GPM projects the gradients of trainable weight matrices onto the complement of past inputs; under bitfit/norm no weight matrix trains (the reference also freezes 1-D parameters after task 1), and a LoRA update BA cannot be kept in that complement by projecting its factors")
+GPM_REGIME_NOTE = ("GPM projects the gradients of trainable weight matrices onto the complement of past inputs; "
+                   "under bitfit/norm no weight matrix trains (the reference also freezes 1-D parameters after "
+                   "task 1), and a LoRA update BA cannot be kept in that complement by projecting its factors")
 
 
 def check_gpm_hparams(method: str, eps_base, eps_step, n_samples) -> None:
@@ -53,7 +54,7 @@ def check_batchnorm_policy(method: str, policy) -> str:
     return policy
 
 
-def apply_batchnorm_policy(model, blocks, policy: str, memory: "GPMMemory") -> None:
+def apply_batchnorm_policy(model, blocks, policy: str, memory: GPMMemory) -> None:
     """Make the projected blocks' BatchNorm layers follow `policy` (see the module docstring)."""
     layers = batchnorm_layers(model, blocks)
     if policy == "batch-stats":

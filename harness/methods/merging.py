@@ -34,14 +34,15 @@ from __future__ import annotations
 import copy
 import math
 
-import torch
+import harness.compat  # noqa: F401  (quirks first)
 
-from .. import compat  # noqa: F401  (quirks first)
+import torch
 from avalanche.core import SupervisedPlugin
+
+from ..api.contract import MethodAdapter
+from ..api.subspace import effective_weights, write_effective
 from . import _merge_rules as rules
 from ._batchnorm import batchnorm_layers, recompute_statistics
-from ..api.subspace import effective_weights, write_effective
-from ..api.contract import MethodAdapter
 from .gpm import dataset_batches
 
 FINETUNE_MODES = ("sequential", "independent")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import random
 
-import torch
+import harness.compat  # noqa: F401
 
-from .. import compat  # noqa: F401
+import torch
 from avalanche.training.plugins import AGEMPlugin, ReplayPlugin
 
 from ..api.contract import MethodAdapter, dataset_tensors

@@ -110,7 +110,7 @@ def diverging(v) -> str:
 def sequential(a: float) -> str:
     """White -> dark teal for accuracy 0 -> 1."""
     lo, hi = (247, 252, 253), (0, 88, 100)
-    return "rgb({},{},{})".format(*(round(l + (h - l) * a) for l, h in zip(lo, hi)))
+    return "rgb({},{},{})".format(*(round(low + (high - low) * a) for low, high in zip(lo, hi)))
 
 
 def records_of(df: pd.DataFrame) -> list[dict]:
@@ -207,18 +207,21 @@ def fraction_profile(rows: list[dict], key: str, scale: float, colours: dict, yl
     lines = []
     for i, f in enumerate(fams):
         mine = sorted((p for p in points if p["family"] == f), key=lambda p: p["x"])
-        lines.append({"family": f, "dash": DASHES[i % len(DASHES)], "points": " ".join(f"{p['x']},{p['y']}" for p in mine),
-                      "n": len(mine)})
+        lines.append({"family": f, "dash": DASHES[i % len(DASHES)],
+                      "points": " ".join(f"{p['x']},{p['y']}" for p in mine), "n": len(mine)})
     # a legend of the family lines drawn (a family of one regime has a point, no line)
     drawn = [ln for ln in lines if ln["n"] > 1] if len(fams) > 1 else []
     legend_w = max([text_width(ln["family"], size) for ln in drawn] + [0]) + 34 if drawn else 0
     right = max(labels["right"], legend_w + 8, 10)
     return {"W": W, "H": H, "L": L, "T": T, "points": points, "lines": lines, "log": span is not None,
             "xticks": [{**t, "x": round(L + t["x"], 1)} for t in decade_ticks(span, W)],
-            "yticks": [{"y": round(T + H - (v - ylo) / (yhi - ylo) * H, 1), "label": f"{v:g}"} for v in nice_ticks(ylo, yhi, 5)],
+            "yticks": [{"y": round(T + H - (v - ylo) / (yhi - ylo) * H, 1), "label": f"{v:g}"}
+                       for v in nice_ticks(ylo, yhi, 5)],
             "labels": _place(labels, L, T), "ylabel": ylabel,
-            "xlabel": "trainable fraction (log scale)" if span else "regime (trainable fraction unknown: evenly spaced)",
-            "legend": [{"family": ln["family"], "dash": ln["dash"], "y": T + 10 + 14 * i} for i, ln in enumerate(drawn)],
+            "xlabel": ("trainable fraction (log scale)" if span
+                       else "regime (trainable fraction unknown: evenly spaced)"),
+            "legend": [{"family": ln["family"], "dash": ln["dash"], "y": T + 10 + 14 * i}
+                       for i, ln in enumerate(drawn)],
             "width": math.ceil(L + W + right), "height": T + H + B}
 
 

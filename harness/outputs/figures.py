@@ -16,7 +16,6 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and the same rasteriser everywhere; before any pyplot import
 
 import matplotlib.ticker  # noqa: E402
-
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
@@ -230,7 +229,8 @@ def tau_heatmap(tables: AnalysisResult, ds) -> Figure | None:
 def norm_forgetting(tables: AnalysisResult, ds) -> Figure | None:
     """Per regime, one point per ok run: mean update norm against forgetting, coloured by method."""
     runs = tables.runs
-    sub = runs[(runs["dataset"] == ds) & (runs["status"] == Status.OK)].dropna(subset=["mean_update_norm", "forgetting"])
+    sub = runs[(runs["dataset"] == ds) & (runs["status"] == Status.OK)]
+    sub = sub.dropna(subset=["mean_update_norm", "forgetting"])
     if sub.empty:
         return None
     scale = percent_scale(runs)

@@ -11,7 +11,7 @@ One spelling per quantity wherever it appears:
 from __future__ import annotations
 
 import math
-from typing import Hashable, Mapping
+from collections.abc import Hashable, Mapping
 
 MISSING = "—"
 TEX_MISSING = "---"  # LaTeX typesets it as an em dash; its text fonts may lack the glyph

@@ -6,15 +6,19 @@ import zipfile
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..api.plugins import DataSource, PluginError, lookup, register_builtins
 from ..config import paths
 from ..config.errors import DatasetError
 from ..config.files import atomic_path
-from ..config.paths import cache_dir, data_dir
+from ..config.paths import cache_dir
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
-from ..api.plugins import DataSource, PluginError, lookup, register_builtins
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -22,10 +26,10 @@ class TensorData:
     """A classification dataset held in memory."""
 
     name: str
-    x_train: "torch.Tensor"
-    y_train: "torch.Tensor"
-    x_test: "torch.Tensor"
-    y_test: "torch.Tensor"
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
 
     @property
     def n_classes(self) -> int:
@@ -331,7 +335,8 @@ def _plugin_data(found, loaded) -> TensorData:
     validate_arrays(source.name, arrays)
     data = _as_data(source.name, *(arrays[k] for k in ARRAYS))
     if data.n_classes != source.n_classes:
-        raise DatasetError(f"{where}: declares n_classes={source.n_classes}, but its labels run 0..{data.n_classes - 1}; "
+        raise DatasetError(f"{where}: declares n_classes={source.n_classes}, "
+                           f"but its labels run 0..{data.n_classes - 1}; "
                            f"allowed: n_classes={data.n_classes}, or data with {source.n_classes} classes")
     return data
 

@@ -9,27 +9,35 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+import harness.compat  # noqa: F401
+
 import numpy as np
 import torch
 
-from .. import compat  # noqa: F401
-from ..config.metrics import all_metrics, step_forgetting
-from ..config.specs import RunRecord, RunSpec, failed_record
-from ..config.vocabulary import Scenario, Status, regime_depth
 from ..api import contract
 from ..api.contract import MethodContext, make_optimizer
 from ..api.plugins import used_plugins
 from ..api.registry import get_registry
+from ..config.metrics import all_metrics, step_forgetting
+from ..config.specs import RunRecord, RunSpec, failed_record
+from ..config.vocabulary import Scenario, Status, regime_depth
+from .checks import head_outputs, loss_windows, run_warnings
 from .datasets import dataset_fingerprint, load_dataset
 from .evaluation import evaluate_class_il, task_accuracy
 from .models import build_model, shared_effective_weights, trainable_block_names
-from .checks import head_outputs, loss_windows, run_warnings
 from .norms import snapshot, update_norms
 from .plugins import DivergedError, HarnessPlugin
 from .probe import probe_accuracy
 from .provenance import provenance
-from .regimes import (apply_regime, changed_frozen, frozen_state, inject_adapters, parameter_counts,
-                      trained_effective, trainable_blocks)
+from .regimes import (
+    apply_regime,
+    changed_frozen,
+    frozen_state,
+    inject_adapters,
+    parameter_counts,
+    trainable_blocks,
+    trained_effective,
+)
 from .speedups import eval_function, install_speedups
 from .streams import on_device, split_tasks, to_avalanche
 

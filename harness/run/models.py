@@ -4,11 +4,11 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
-from torch import nn
 from avalanche.models.dynamic_modules import MultiTaskModule
+from torch import nn
 
-from ..config.vocabulary import MODELS
 from ..api.plugins import Backbone, PluginError, lookup, register_builtins
+from ..config.vocabulary import MODELS
 
 
 class CLNet(MultiTaskModule):
@@ -20,7 +20,7 @@ class CLNet(MultiTaskModule):
     drift while the rest trains.
     """
 
-    def __init__(self, blocks: "OrderedDict[str, nn.Module]", feature_dim: int,
+    def __init__(self, blocks: OrderedDict[str, nn.Module], feature_dim: int,
                  n_heads: int, head_classes: int):
         super().__init__()
         self.blocks = nn.ModuleDict(blocks)

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import math
 
-import torch
-
 
 def snapshot(named_params: dict) -> dict:
     """Detached CPU copies of the given parameters."""

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import math
 
-from .. import compat  # noqa: F401
+import harness.compat  # noqa: F401
+
 from avalanche.core import SupervisedPlugin
 
 from ..api.contract import TRAINING_STAGE_ATTRIBUTE

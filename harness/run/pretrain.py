@@ -31,9 +31,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..config.errors import PretrainError
 from ..config.files import atomic_path, file_sha256
 from ..config.paths import cache_dir
-from ..config.errors import PretrainError
 from ..config.pretrain import DatasetRecipe, Pretrain, PretrainKind
 from .datasets import TensorData, dataset_fingerprint, load_dataset
 from .models import build_model

@@ -16,8 +16,15 @@ import torch
 from torch import nn
 
 from ..api.plugins import RegimeFamily, lookup, register_builtins
-from ..config.vocabulary import FAMILY_ARGUMENTS, FAMILY_DESCRIPTIONS, REGIME_FAMILIES, Family, parse_regime, regime_depth
 from ..api.subspace import lora_layers, plain_name
+from ..config.vocabulary import (
+    FAMILY_ARGUMENTS,
+    FAMILY_DESCRIPTIONS,
+    REGIME_FAMILIES,
+    Family,
+    parse_regime,
+    regime_depth,
+)
 from .models import CLNet, trainable_block_names
 
 LORA_TARGETS = (nn.Linear, nn.Conv1d, nn.Conv2d)

@@ -1,8 +1,9 @@
 """What the harness offers and whether a method file fits it: `list` and `check`."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from ..config.defaults import LIST_SECTIONS
 from .requests import CheckRequest, ListRequest

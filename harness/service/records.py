@@ -6,9 +6,9 @@ record per cell) and says on `log` what it left out.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..config.errors import SweepError
 from .requests import ExportRequest, FiguresRequest, LeaderboardRequest, ReportRequest

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import shlex
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from ..config.errors import SweepError
 from ..config.vocabulary import Status
@@ -221,7 +222,8 @@ def _statuses(statuses: dict) -> str:
 
 def _restricted(protocol) -> str:
     """How many method x regime pairs the protocol leaves out (a method's `regimes:`), if any."""
-    counts = [(m.display, len(set(m.regimes) & set(protocol.regimes))) for m in protocol.methods if m.regimes is not None]
+    counts = [(m.display, len(set(m.regimes) & set(protocol.regimes)))
+              for m in protocol.methods if m.regimes is not None]
     out = [f"{name} on {n} of {len(protocol.regimes)}" for name, n in counts if n < len(protocol.regimes)]
     return f" (methods restricted to some regimes: {', '.join(out)})" if out else ""
 
@@ -241,7 +243,8 @@ def format_plan(protocol, plan, results, rope: float = 1.0) -> str:
         n = sum(1 for s in plan.specs if s.dataset.name in plan.missing_data)
         lines.append(terminal_safe(f"not planned: {n} runs of {', '.join(plan.missing_data)}, whose files are not "
                                    "there (run ids include the data's fingerprint; --data-dir, --download)"))
-    lines += [terminal_safe(f"note: {path} is invalid ({reason}); its run will be redone") for path, reason in plan.invalid]
+    lines += [terminal_safe(f"note: {path} is invalid ({reason}); its run will be redone")
+              for path, reason in plan.invalid]
     lines += [terminal_safe(f"note: {path} is foreign ({reason}); it is not counted") for path, reason in plan.foreign]
     if plan.invalid:
         lines.append(f"invalid record files (will be redone): {len(plan.invalid)}")

@@ -11,8 +11,7 @@ import json
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from harness.cli import main
 
@@ -171,9 +170,10 @@ def real_record(tmp_path_factory):
     """The JSON form of one real record (a 2-task digits run)."""
     import dataclasses
 
-    from harness.run.engine import run_one
     from conftest import make_spec
+
     from harness.config.specs import DatasetSpec
+    from harness.run.engine import run_one
 
     spec = dataclasses.replace(make_spec(regime="head"), dataset=DatasetSpec("digits", 2, 2, "mlp"),
                                class_order=tuple(range(10)))

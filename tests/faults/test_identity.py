@@ -98,9 +98,9 @@ def test_regenerated_npz_data_is_not_reused_and_relative_paths_follow_the_protoc
 def test_a_built_in_implementation_version_enters_the_run_id():
     import dataclasses
 
+    from harness.api.registry import get_registry
     from harness.config.protocol import parse_protocol
     from harness.execution.plan import expand
-    from harness.api.registry import get_registry
 
     raw = {"name": "p", "version": "1", "datasets": ["digits"], "regimes": ["head"], "methods": ["naive"]}
     registry = get_registry()
@@ -231,8 +231,8 @@ def test_hyperparameters_have_their_defaults_types(tmp_path, cli, value, message
 
 
 def test_an_integer_for_a_float_hyperparameter_is_the_same_setting(tmp_path):
-    from harness.config.protocol import load_protocol
     from harness.api.registry import get_registry
+    from harness.config.protocol import load_protocol
 
     a = load_protocol(str(tiny_protocol(tmp_path, "a", methods=("{name: ewc-online, hparams: {ewc_lambda: 5}}",))),
                       get_registry())
@@ -357,6 +357,7 @@ def test_submit_whose_every_run_failed_exits_non_zero_with_the_errors(tmp_path, 
 
 def test_view_notes_escape_hostile_labels():
     from conftest import record_from
+
     from harness.execution.views import view_records
 
     def rec(run_id, lam):
@@ -372,9 +373,9 @@ def test_torchvision_data_is_fingerprinted_from_its_files(tmp_path, cli):
     """Two copies of 'mnist' that differ: two sets of run ids; a dry run without the files plans none."""
     from test_datasets import write_mnist_like
 
+    from harness.api.registry import get_registry
     from harness.config.protocol import parse_protocol
     from harness.execution.plan import data_fingerprints, expand
-    from harness.api.registry import get_registry
 
     a, b = tmp_path / "a", tmp_path / "b"
     write_mnist_like(a, "MNIST")

@@ -108,7 +108,7 @@ def test_sweep_survives_random_sigkills_and_matches_an_unkilled_sweep(zygote, tm
         in_write = rng.random() < 0.5
         if in_write:  # inside the k-th record write of this cycle
             k = rng.randint(1, 2)
-            in_write = _wait_for(lambda: _lines(marker) >= k or _finished(log))
+            in_write = _wait_for(lambda marker=marker, k=k, log=log: _lines(marker) >= k or _finished(log))
             in_write = in_write and _lines(marker) >= k
             time.sleep(rng.uniform(0.0, WRITE_DELAY * 0.6))
         else:

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from harness.config.errors import SweepError
-from harness.execution.store import read_record
 from harness.execution.lock import ResultsLock, process_start
+from harness.execution.store import read_record
 
 from .conftest import REPO
 

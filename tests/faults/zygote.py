@@ -50,11 +50,11 @@ def serve() -> None:
     """Import everything a sweep needs once, then answer requests until stdin closes."""
     import harness.cli  # noqa: F401
     import harness.cli.commands  # noqa: F401
-    import harness.service  # noqa: F401
-    import harness.run.engine  # noqa: F401
     import harness.execution.sweep  # noqa: F401
-    from harness.run.datasets import load_dataset
+    import harness.run.engine  # noqa: F401
+    import harness.service  # noqa: F401
     from harness.api.registry import get_registry
+    from harness.run.datasets import load_dataset
 
     load_dataset("digits")
     get_registry()

@@ -6,8 +6,8 @@ record per spec); the sweep driver consumes the iterator and is the only writer 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from ...config.errors import SweepError
 from ...config.specs import RunRecord, RunSpec, failed_record

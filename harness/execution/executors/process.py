@@ -4,8 +4,7 @@ from __future__ import annotations
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-from .base import (Executor, init_forked_worker, lost_record, run_spec, threads_per_run, worker_context,
-                   worker_setup)
+from .base import Executor, init_forked_worker, lost_record, run_spec, threads_per_run, worker_context, worker_setup
 
 
 class ProcessExecutor(Executor):

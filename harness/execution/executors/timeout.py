@@ -17,8 +17,7 @@ from collections import deque
 from multiprocessing.connection import wait
 
 from ...config.vocabulary import Status
-from .base import (Executor, init_forked_worker, lost_record, run_spec, threads_per_run, worker_context,
-                   worker_setup)
+from .base import Executor, init_forked_worker, lost_record, run_spec, threads_per_run, worker_context, worker_setup
 
 STARTUP_FAILURES = 3  # workers dying before they serve anything: give up instead of looping
 SETUP_MIN_S = 60.0  # the least time a worker gets to load a run's data set (first load: files, decoding)

@@ -12,8 +12,8 @@ from ...config.metrics import METRICS
 from ...config.vocabulary import FAMILY_DESCRIPTIONS
 from .. import charts
 from ..charts import ok, records_of
-from . import sections
 from ..formatting import best_as_printed
+from . import sections
 from .filters import slug
 from .writer import SiteWriter
 
@@ -96,7 +96,8 @@ def _grid(mt: pd.DataFrame, regs, degenerate: dict, info: dict, scale: float = 1
     best = {rg: frozenset() if rg in degenerate else best_as_printed(
         {m: c[rg]["acc"] * scale for m, c in rows.items() if rg in c and c[rg]["acc"] is not None},
         METRICS["acc"].higher_is_better) for rg in regs}
-    out = [{"method": m, "cells": [_grid_cell(cells.get(rg), m in best[rg]) for rg in regs]} for m, cells in rows.items()]
+    out = [{"method": m, "cells": [_grid_cell(cells.get(rg), m in best[rg]) for rg in regs]}
+           for m, cells in rows.items()]
     return {"rows": out, "regs": [{"name": rg, "degenerate": degenerate.get(rg, ""),
                                    "family": info.get(rg, {}).get("family", ""),
                                    "fraction": info.get(rg, {}).get("fraction")} for rg in regs]}

@@ -47,8 +47,8 @@ def page(w: SiteWriter, t: AnalysisResult, records) -> Path:
         "unranked": [r for r in w.base["regimes"] if r not in set(gr["regime"])],
         "global": {rg: records_of(sub) for rg, sub in gr.groupby("regime", sort=False)},
         "global_chart": charts.rank_whiskers(gr, w.base["regimes"]),
-        "failed": records_of(frame[frame["status"] != Status.OK][["run_id", "dataset", "regime", "method", "order", "seed",
-                                                              "status", "error"]]),
+        "failed": records_of(frame[frame["status"] != Status.OK][["run_id", "dataset", "regime", "method", "order",
+                                                                  "seed", "status", "error"]]),
         "w_regimes": records_of(t.w_regimes),
         "downloads": downloads,
     }

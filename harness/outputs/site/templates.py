@@ -12,8 +12,8 @@ import re
 import jinja2
 from markupsafe import Markup
 
-from ...config.resources import static_dir, templates_dir
 from ...config.metrics import METRICS
+from ...config.resources import static_dir, templates_dir
 from .filters import FILTERS, slug
 
 TEMPLATES = templates_dir()

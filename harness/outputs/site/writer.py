@@ -35,7 +35,7 @@ class SiteWriter:
         self.written: dict[str, str] = {}  # relative POSIX path -> sha256 of the bytes written
         self.previous = self._read_manifest()
 
-    def __enter__(self) -> "SiteWriter":
+    def __enter__(self) -> SiteWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
