@@ -106,6 +106,24 @@ def test_a_plugin_file_teaches_the_vocabulary_its_names(tmp_path):
     assert v.FAMILY_DESCRIPTIONS["weights"] == "Linear weights"
 
 
+def test_plugin_families_are_read_from_the_records_alone(tmp_path):
+    """`leaderboard`, `report` and `figures` analyse records without --plugin: each record's family must
+    be the one the site built at the end of `run --plugin` shows."""
+    from conftest import record_from
+
+    from harness.analysis.frame import records_to_frame
+
+    written = {"last-2:kernels": "kernels", "kernels": "kernels", "last-1:weights-w8": "weights",
+               "weights-w2": "weights", "head": "depth", "last-3": "depth", "lora-r4": "lora", "last-1:bitfit": "bitfit"}
+    records = [record_from({"spec": {"regime": r}}) for r in written]
+    assert "kernels" not in v.FAMILY_ARGUMENTS and "weights" not in v.FAMILY_ARGUMENTS
+    unloaded = list(records_to_frame(records)["family"])
+    get_registry((str(tiny_file(tmp_path)), str(EXAMPLES / "kernels.py")))
+    assert unloaded == list(records_to_frame(records)["family"]) == list(written.values())
+    odd = ["last-0:kernels", "first-2:kernels", "bitfit-r2", "lora", "depth", "last", "Kernels", "a:b:c", "lora-r4:x"]
+    assert set(records_to_frame([record_from({"spec": {"regime": r}}) for r in odd])["family"]) == {"other"}
+
+
 def test_a_backbone_without_a_feature_width_is_measured_and_its_modes_kept(tmp_path):
     from harness.run.models import build_model
 

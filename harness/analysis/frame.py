@@ -9,7 +9,7 @@ import pandas as pd
 from ..config.metrics import METRIC_NAMES
 from ..config.specs import RunRecord
 from ..config.text import terminal_safe
-from ..config.vocabulary import WARNINGS, Status, regime_family, regime_sort_key
+from ..config.vocabulary import WARNINGS, Status, regime_sort_key, written_family
 
 # `ranked`: the run enters the rank statistics (ok, and not flagged unless flagged runs are
 # included); it is the one place that policy is decided, every unit matrix reads it.
@@ -38,11 +38,9 @@ def _mean_norm(shared) -> float:
 
 
 def family_of(regime) -> str:
-    """The regime's family (depth, bitfit, norm, lora); `other` for a name outside the grammar."""
-    try:
-        return regime_family(regime)
-    except ValueError:
-        return "other"
+    """The regime's family (depth, bitfit, norm, lora or a plug-in's, read from the name whether or not
+    the plug-in is loaded here); `other` for a name outside the grammar."""
+    return written_family(regime) or "other"
 
 
 def _fraction(params: dict) -> float:

@@ -103,8 +103,6 @@ class RegimeFamily:
 
 KINDS = {"backbone": Backbone, "dataset": DataSource, "regime": RegimeFamily}
 PLUGIN = (Backbone, DataSource, RegimeFamily)
-# Reserved by the regime grammar: a family cannot take these names.
-GRAMMAR_WORDS = ("head", "full", "last", "depth")
 
 
 @dataclass(frozen=True)
@@ -218,9 +216,9 @@ def _check_dataset(d: DataSource, where: str) -> None:
 
 
 def _check_family(f: RegimeFamily, where: str) -> None:
-    if not re.fullmatch(r"[a-z][a-z0-9]*", f.name) or f.name in GRAMMAR_WORDS:
+    if not re.fullmatch(r"[a-z][a-z0-9]*", f.name) or f.name in vocab.GRAMMAR_WORDS:
         raise PluginError(f"{where}: a family name is lower-case letters and digits, starting with a letter, "
-                          f"and none of {', '.join(GRAMMAR_WORDS)}")
+                          f"and none of {', '.join(vocab.GRAMMAR_WORDS)}")
     if f.argument is not None and not (isinstance(f.argument, str) and re.fullmatch(r"[a-z]", f.argument)):
         raise PluginError(f"{where}: argument must be one lower-case letter (regimes NAME-<letter>N) or None, "
                           f"got {show(f.argument)}")

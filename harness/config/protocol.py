@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .errors import ProtocolError, UserError
 from .paths import protocol_dirs
-from .pretrain import PretrainError, parse_pretrain
+from .pretrain import PretrainError, PretrainKind, parse_pretrain
 from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
 from .validate import MAX_SEED, Validator, show
 from .vocabulary import (
@@ -127,7 +127,7 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
     methods = v.methods(raw["methods"], registry, regimes)
     orders, order_seed = v.task_orders(raw.get("task_orders", {"count": 1, "seed": 0}), datasets)
     try:
-        pretrain = parse_pretrain(raw.get("pretrain", "first-task"), source, Path(source).resolve().parent)
+        pretrain = parse_pretrain(raw.get("pretrain", PretrainKind.FIRST_TASK), source, Path(source).resolve().parent)
         for d in datasets:
             pretrain.for_dataset(d.name).check_fits(d.model, d.name, source)
     except PretrainError as exc:  # one kind of protocol mistake

@@ -80,8 +80,11 @@ REGIME_GRAMMAR = ("head, full, last-k, bitfit, norm, lora-rR, or last-k:bitfit, 
 MAX_LORA_RANK = 4096  # the largest argument of any family (lora's rank R)
 # The subspace families' grammar: the letter of a family's integer argument (`lora-r4`), None for a
 # family written by its name alone. Plug-in families (harness/api/plugins.py) add theirs.
-FAMILY_ARGUMENTS = {"bitfit": None, "norm": None, "lora": "r"}
-_LAST_K = re.compile(r"^last-([1-9][0-9]*)$")
+FAMILY_ARGUMENTS: dict[Family | str, str | None] = {Family.BITFIT: None, Family.NORM: None, Family.LORA: "r"}
+HEAD, FULL, LAST = "head", "full", "last"  # the depth words: `head`, `full`, `last-k`
+# Reserved by the grammar: a plug-in family cannot take these names (harness/api/plugins.py checks).
+GRAMMAR_WORDS = (HEAD, FULL, LAST, Family.DEPTH)
+_LAST_K = re.compile(rf"^{LAST}-([1-9][0-9]*)$")
 _FAMILY = re.compile(r"^([a-z][a-z0-9]*)(?:-([a-z])([1-9][0-9]*))?$")
 
 
@@ -103,9 +106,9 @@ class Regime:
 def parse_regime(name) -> Regime:
     """Parse a regime name of REGIME_GRAMMAR; anything else raises ValueError naming the grammar."""
     text = str(name)
-    if text == "head":
+    if text == HEAD:
         return Regime(text, 0, Family.DEPTH)
-    if text == "full":
+    if text == FULL:
         return Regime(text, None, Family.DEPTH)
     prefix, sep, rest = text.partition(":")
     depth_match = _LAST_K.match(prefix)
@@ -154,6 +157,22 @@ def is_regime_name(name) -> bool:
 def regime_family(name: str) -> Family | str:
     """The regime's family: depth, bitfit, norm, lora (a Family) or a plug-in family (its name)."""
     return parse_regime(name).family
+
+
+def written_family(name) -> Family | str | None:
+    """The family a regime name is written with, read by the grammar alone, so a plug-in family need
+    not be registered in this process (records are analysed where their plug-ins are not loaded);
+    None for a name outside the grammar (a registered family with a wrong argument included)."""
+    try:
+        return parse_regime(name).family
+    except ValueError:
+        pass
+    prefix, sep, rest = str(name).partition(":")
+    match = _FAMILY.match(rest if sep else prefix)
+    if (sep and not _LAST_K.match(prefix)) or not match:
+        return None
+    word = match.group(1)
+    return None if word in FAMILY_ARGUMENTS or word in GRAMMAR_WORDS else word
 
 
 def regime_depth(name: str, n_blocks: int) -> int:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.vocabulary import Scenario, Status
+from ..config.vocabulary import FULL, HEAD, Scenario, Status
 
-CONTRACT_REGIMES = ("head", "full")
+CONTRACT_REGIMES = (HEAD, FULL)
 N_TASKS, CLASSES_PER_TASK = 2, 2
 README = "submissions/README.md"
 

@@ -92,10 +92,10 @@ def _adapters_only(module, pname: str, argument) -> bool:
 # The built-in regime families, declared as a plug-in file declares its own (harness/api/plugins.py);
 # their grammar is the vocabulary's (FAMILY_ARGUMENTS).
 PLUGINS = register_builtins(
-    RegimeFamily("depth", _every, FAMILY_DESCRIPTIONS["depth"]),
-    RegimeFamily("bitfit", _bias, FAMILY_DESCRIPTIONS["bitfit"]),
-    RegimeFamily("norm", _norm, FAMILY_DESCRIPTIONS["norm"]),
-    RegimeFamily("lora", _adapters_only, FAMILY_DESCRIPTIONS["lora"], argument=FAMILY_ARGUMENTS["lora"],
+    RegimeFamily(Family.DEPTH, _every, FAMILY_DESCRIPTIONS[Family.DEPTH]),
+    RegimeFamily(Family.BITFIT, _bias, FAMILY_DESCRIPTIONS[Family.BITFIT]),
+    RegimeFamily(Family.NORM, _norm, FAMILY_DESCRIPTIONS[Family.NORM]),
+    RegimeFamily(Family.LORA, _adapters_only, FAMILY_DESCRIPTIONS[Family.LORA], argument=FAMILY_ARGUMENTS[Family.LORA],
                  inject=_inject_lora),
 )
 assert tuple(p.name for p in PLUGINS) == REGIME_FAMILIES
