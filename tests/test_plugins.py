@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
@@ -303,6 +305,19 @@ def test_check_reports_a_broken_plugin_in_one_line_naming_file_and_plugin(tmp_pa
     first = next(line for line in err.splitlines() if line.startswith("✗"))
     assert f"{path}: " in first and message in first, err
     assert f"{path}: the plug-in contract is broken" in err
+
+
+def test_list_shows_plugins_beside_the_built_ins(tmp_path, cli):
+    code, out, err = cli("list", "--plugin", str(tiny_file(tmp_path)))
+    assert code == 0, err
+    source = str(tmp_path / "tiny.py")
+    assert f"plug-in ({source})" in next(line for line in out.splitlines() if "tiny-data" in line)
+    assert f"weights-wN plug-in family ({source}), also last-k:weights-wN: Linear weights" in out
+    assert f"tiny-net (2 blocks, plug-in {source})" in out and "mlp (4 blocks)," in out and "digits" in out
+    # without --plugin, `list` imports no torch (a fresh process: this one has registered tiny.py)
+    code = "import sys; from harness.cli import main; main(['list']); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "plug-in" not in out and out.splitlines()[-1] == "False"
 
 
 def test_check_passes_a_good_plugin_file(tmp_path, cli):

@@ -31,6 +31,7 @@ EXPORT_EXAMPLES = """examples:
 LIST_EXAMPLES = """examples:
   cl-bench list                 # everything
   cl-bench list methods         # registered methods with their default hyperparameters
+  cl-bench list regimes --plugin submissions/examples/kernels.py   # with a plug-in's families and backbones
 """
 LEADERBOARD_EXAMPLES = """examples:
   cl-bench leaderboard --results results/
@@ -210,6 +211,8 @@ def _add_list(sub, fmt) -> None:
                      choices=(defaults.LIST_WHAT, *defaults.LIST_SECTIONS))
     lst.add_argument("--method", dest="method_files", action="append", default=[], metavar="FILE",
                      help="also register the adapter in FILE")
+    lst.add_argument("--plugin", dest="plugin_files", action="append", default=[], metavar="FILE",
+                     help="also list the backbones, data sets and regime families of FILE (repeatable)")
 
 
 def _add_leaderboard(sub, fmt) -> None:

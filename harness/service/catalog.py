@@ -23,6 +23,10 @@ class Section:
 def list_sections(req: ListRequest) -> tuple[Section, ...]:
     """The sections `req.what` asks for (every one for "all"), in order."""
     names = LIST_SECTIONS if req.what == "all" else (req.what,)
+    if req.plugin_files:  # registering adds their names to the vocabulary the sections read (imports torch)
+        from ..api.registry import get_registry
+
+        get_registry(req.plugin_files)
     return tuple(Section(name, LISTERS[name](req)) for name in names)
 
 
@@ -51,7 +55,9 @@ def _list_datasets(req: ListRequest):
     from ..config.vocabulary import DATASETS
 
     for name, facts in DATASETS.items():
-        where = "embedded" if facts.source == "embedded" else "torchvision (--data-dir, --download)"
+        plugin = _plugin_source("dataset", name)
+        where = (f"plug-in ({plugin})" if plugin else "embedded" if facts.source == "embedded"
+                 else "torchvision (--data-dir, --download)")
         yield f"{name:<14} {facts.n_classes:>3} classes  default model {facts.default_model:<17} {where}"
     yield "npz:PATH       your own arrays x_train, y_train, x_test, y_test"
 
@@ -60,13 +66,14 @@ def _list_methods(req: ListRequest):
     # metadata by content hash: importing every adapter (torch, Avalanche) takes seconds
     from ..api.index import method_infos
 
-    for m in sorted(method_infos(req.method_files), key=lambda m: m["name"]):
+    # a plug-in file may declare methods too, as `run --plugin` registers them
+    for m in sorted(method_infos((*req.method_files, *req.plugin_files)), key=lambda m: m["name"]):
         hp = ", ".join(f"{k}={v}" for k, v in m["defaults"].items()) or "-"
         yield f"{m['name']:<16} {m['description'][:60]:<60} [{hp}]  ({m['source']})"
 
 
 def _list_regimes(req: ListRequest):
-    from ..config.vocabulary import FAMILY_DESCRIPTIONS, MODELS
+    from ..config.vocabulary import FAMILY_ARGUMENTS, FAMILY_DESCRIPTIONS, MODELS, REGIME_FAMILIES
 
     yield "head       train the task heads only"
     yield "last-k     train the last k blocks + heads (k = 1, 2, 3, ... up to the model's depth)"
@@ -74,8 +81,30 @@ def _list_regimes(req: ListRequest):
     yield "bitfit     train the biases of every block + heads (last-k:bitfit: of the last k blocks)"
     yield "norm       train the normalisation layers' scale and shift + heads (last-k:norm)"
     yield "lora-rR    train rank-R LoRA adapters on every Linear/Conv, base frozen + heads (last-k:lora-rR)"
+    for family in (f for f in FAMILY_ARGUMENTS if f not in REGIME_FAMILIES):
+        form = family if FAMILY_ARGUMENTS[family] is None else f"{family}-{FAMILY_ARGUMENTS[family]}N"
+        yield (f"{form:<10} plug-in family ({_plugin_source('regime', family)}), also last-k:{form}: "
+               f"{FAMILY_DESCRIPTIONS.get(family) or '(no description)'}")
     yield "families: " + "; ".join(f"{f}: {d}" for f, d in FAMILY_DESCRIPTIONS.items())
-    yield "models: " + ", ".join(f"{name} ({facts.n_blocks} blocks)" for name, facts in MODELS.items())
+    yield "models: " + ", ".join(f"{name} ({facts.n_blocks} blocks{_from_plugin('backbone', name)})"
+                                 for name, facts in MODELS.items())
+
+
+def _plugin_source(kind: str, name: str) -> str | None:
+    """Where the plug-in `name` of `kind` was declared; None for a built-in."""
+    from ..api.plugins import BUILT_IN, lookup
+    from ..config.errors import PluginError
+
+    try:
+        source = lookup(kind, name).source
+    except PluginError:  # a built-in whose engine module (run/) is not imported: in the vocabulary only
+        return None
+    return None if source == BUILT_IN else source
+
+
+def _from_plugin(kind: str, name: str) -> str:
+    source = _plugin_source(kind, name)
+    return f", plug-in {source}" if source else ""
 
 
 LISTERS = {"protocols": _list_protocols, "datasets": _list_datasets, "methods": _list_methods,

@@ -69,6 +69,7 @@ class ListRequest:
 
     what: str = defaults.LIST_WHAT
     method_files: tuple = ()
+    plugin_files: tuple = ()  # --plugin files: their backbones, data sets and regime families are listed too
 
 
 @dataclass(frozen=True)
