@@ -79,6 +79,25 @@ def test_tau_floor_is_the_permutation_test_at_perfect_agreement():
     assert stats.tau_permutation_test(x, x)[1] == pytest.approx(power.tau_floor(5))
 
 
+def test_the_tests_are_one_enum_and_no_wing_spells_their_names():
+    import re
+    from pathlib import Path
+
+    assert set(power.WHAT) == set(power.StatTest) == set(power.FLOORS) | {power.StatTest.BAYES_SIGNED_RANK}
+    assert {d.test for d in power.design_tests(5, 3, 4)} == set(power.StatTest)
+    with pytest.raises(ValueError):
+        power.TestDesign("wilcoxon", 5, 2)
+    names = "|".join(re.escape(t) for t in power.StatTest)
+    spelt = re.compile(f"(==|!=|TestDesign\\()\\s*[\"']({names})[\"']")  # code deciding by a test's name
+    harness = Path(power.__file__).resolve().parent.parent
+    found = [f"{p.relative_to(harness)}:{i}" for p in sorted(harness.rglob("*.py")) if p.name != "power.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if spelt.search(line)]
+    assert not found, f"use analysis.power.StatTest: {found}"
+    rows = pd.DataFrame({"test": [power.StatTest.WILCOXON_HOLM, "wilcoxon-holm", "friedman"],
+                         "reachable": [True, True, False]})
+    assert power.wilcoxon_decides(rows) and not power.wilcoxon_decides(rows.assign(reachable=[True, False, True]))
+
+
 def test_power_rows_say_what_cannot_reach_alpha_and_what_is_needed():
     rows = {r["test"]: r for r in power.design_power(5, 10, 5, rope=0.01)}
     w = rows["wilcoxon-holm"]

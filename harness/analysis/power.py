@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 import pandas as pd
@@ -21,14 +22,28 @@ ALPHA = 0.05
 MAX_BLOCKS = 200  # search limit for "blocks needed"
 
 
+class StatTest(StrEnum):
+    """The tests the design-power table covers (a member is its string: the table's `test` column)."""
+
+    WILCOXON_HOLM = "wilcoxon-holm"
+    FRIEDMAN = "friedman"
+    NEMENYI = "nemenyi"
+    KENDALL_W = "kendall-w"
+    KENDALL_TAU = "kendall-tau"
+    BAYES_SIGNED_RANK = "bayes-signed-rank"
+
+
 @dataclass(frozen=True)
 class TestDesign:
     """What a test is applied to: blocks, items compared, simultaneous comparisons."""
 
-    test: str
+    test: StatTest
     n_blocks: int
     n_items: int
     n_comparisons: int = 1
+
+    def __post_init__(self):
+        object.__setattr__(self, "test", StatTest(self.test))  # a misspelt name fails here, not as "no floor"
 
 
 def wilcoxon_floor(n: int, comparisons: int = 1) -> float:
@@ -56,21 +71,21 @@ def tau_floor(k: int) -> float:
 
 
 FLOORS = {
-    "wilcoxon-holm": lambda d: wilcoxon_floor(d.n_blocks, d.n_comparisons),
-    "friedman": lambda d: friedman_floor(d.n_blocks, d.n_items),
-    "nemenyi": lambda d: nemenyi_floor(d.n_blocks, d.n_items),
-    "kendall-w": lambda d: friedman_floor(d.n_blocks, d.n_items),  # same chi2, other blocks
-    "kendall-tau": lambda d: tau_floor(d.n_items),
+    StatTest.WILCOXON_HOLM: lambda d: wilcoxon_floor(d.n_blocks, d.n_comparisons),
+    StatTest.FRIEDMAN: lambda d: friedman_floor(d.n_blocks, d.n_items),
+    StatTest.NEMENYI: lambda d: nemenyi_floor(d.n_blocks, d.n_items),
+    StatTest.KENDALL_W: lambda d: friedman_floor(d.n_blocks, d.n_items),  # same chi2, other blocks
+    StatTest.KENDALL_TAU: lambda d: tau_floor(d.n_items),
 }
 WHAT = {
-    "wilcoxon-holm": "paired Wilcoxon per method pair over task orders, Holm-corrected",
-    "friedman": "Friedman test of the methods over task orders",
-    "nemenyi": "Nemenyi post-hoc pairwise test after Friedman",
-    "kendall-w": "Kendall's W of the method rankings across regimes",
-    "kendall-tau": "Kendall tau permutation test between two regimes' rankings",
-    "bayes-signed-rank": "Bayesian signed-rank test per method pair (ROPE)",
+    StatTest.WILCOXON_HOLM: "paired Wilcoxon per method pair over task orders, Holm-corrected",
+    StatTest.FRIEDMAN: "Friedman test of the methods over task orders",
+    StatTest.NEMENYI: "Nemenyi post-hoc pairwise test after Friedman",
+    StatTest.KENDALL_W: "Kendall's W of the method rankings across regimes",
+    StatTest.KENDALL_TAU: "Kendall tau permutation test between two regimes' rankings",
+    StatTest.BAYES_SIGNED_RANK: "Bayesian signed-rank test per method pair (ROPE)",
 }
-BLOCKS = {"kendall-w": "regimes", "kendall-tau": "methods"}  # what N counts, when not orders
+BLOCKS = {StatTest.KENDALL_W: "regimes", StatTest.KENDALL_TAU: "methods"}  # what N counts, when not orders
 
 
 def floor(design: TestDesign) -> float:
@@ -81,19 +96,19 @@ def floor(design: TestDesign) -> float:
 
 def max_probability(design: TestDesign, rope: float) -> float:
     """Largest posterior probability of the Bayesian test (NaN for the frequentist ones)."""
-    return bayes.max_attainable(design.n_blocks, rope) if design.test == "bayes-signed-rank" else math.nan
+    return bayes.max_attainable(design.n_blocks, rope) if design.test == StatTest.BAYES_SIGNED_RANK else math.nan
 
 
 def reachable(design: TestDesign, rope: float, alpha: float = ALPHA) -> bool:
     """Whether any data could make the test decide: p < alpha, or P >= the credible level."""
-    if design.test == "bayes-signed-rank":
+    if design.test == StatTest.BAYES_SIGNED_RANK:
         return max_probability(design, rope) >= bayes.CREDIBLE
     return floor(design) < alpha
 
 
 def blocks_needed(design: TestDesign, rope: float, alpha: float = ALPHA) -> float:
     """The fewest blocks with which the test can decide (NaN when none up to MAX_BLOCKS)."""
-    if design.test == "kendall-tau":  # its floor depends on the items compared, not on blocks
+    if design.test == StatTest.KENDALL_TAU:  # its floor depends on the items compared, not on blocks
         return next((k for k in range(2, 21) if tau_floor(k) < alpha), math.nan)
     for n in range(1, MAX_BLOCKS + 1):
         if reachable(TestDesign(design.test, n, design.n_items, design.n_comparisons), rope, alpha):
@@ -108,7 +123,7 @@ def power_row(design: TestDesign, rope: float, alpha: float = ALPHA) -> dict:
     row = {"test": design.test, "n_blocks": design.n_blocks, "n_items": design.n_items,
            "n_comparisons": design.n_comparisons, "min_p": floor(design),
            "max_prob": max_probability(design, rope), "alpha": alpha,
-           "threshold": bayes.CREDIBLE if design.test == "bayes-signed-rank" else math.nan,
+           "threshold": bayes.CREDIBLE if design.test == StatTest.BAYES_SIGNED_RANK else math.nan,
            "reachable": ok, "blocks_needed": need, "message": ""}
     if not ok:
         row["message"] = _message(design, row, alpha)
@@ -117,9 +132,9 @@ def power_row(design: TestDesign, rope: float, alpha: float = ALPHA) -> dict:
 
 def _message(design: TestDesign, row: dict, alpha: float) -> str:
     unit = BLOCKS.get(design.test, "task orders")
-    if design.test == "bayes-signed-rank":
+    if design.test == StatTest.BAYES_SIGNED_RANK:
         got = f"P <= {row['max_prob']:.3f} < {bayes.CREDIBLE}"
-    elif design.n_comparisons > 1 and design.test == "wilcoxon-holm":
+    elif design.n_comparisons > 1 and design.test == StatTest.WILCOXON_HOLM:
         got = (f"a smallest Holm-adjusted p of {row['min_p']:.3g} over {design.n_comparisons} pairs, "
                f"never below alpha = {alpha:g}")
     else:
@@ -129,15 +144,21 @@ def _message(design: TestDesign, row: dict, alpha: float) -> str:
     return f"{WHAT[design.test]}: {design.n_blocks} {unit} give {got}; {need}"
 
 
+def wilcoxon_decides(power: pd.DataFrame) -> bool:
+    """Whether the Holm-corrected Wilcoxon can call a pair significant in every cell of a power table
+    (a count of its significant pairs is a statement only then)."""
+    return bool(power[power["test"] == StatTest.WILCOXON_HOLM]["reachable"].all())
+
+
 def design_tests(n_orders: int, n_methods: int, n_regimes: int) -> list[TestDesign]:
     """The tests the leaderboard shows for one dataset of a design (seeds averaged per order)."""
     pairs = n_methods * (n_methods - 1) // 2
-    return [TestDesign("bayes-signed-rank", n_orders, 2),
-            TestDesign("wilcoxon-holm", n_orders, 2, pairs),
-            TestDesign("friedman", n_orders, n_methods),
-            TestDesign("nemenyi", n_orders, n_methods, pairs),
-            TestDesign("kendall-tau", n_methods, n_methods),
-            TestDesign("kendall-w", n_regimes, n_methods)]
+    return [TestDesign(StatTest.BAYES_SIGNED_RANK, n_orders, 2),
+            TestDesign(StatTest.WILCOXON_HOLM, n_orders, 2, pairs),
+            TestDesign(StatTest.FRIEDMAN, n_orders, n_methods),
+            TestDesign(StatTest.NEMENYI, n_orders, n_methods, pairs),
+            TestDesign(StatTest.KENDALL_TAU, n_methods, n_methods),
+            TestDesign(StatTest.KENDALL_W, n_regimes, n_methods)]
 
 
 def design_power(n_orders: int, n_methods: int, n_regimes: int, rope: float,
@@ -173,7 +194,8 @@ def observed_power(cells, skip: dict, rope: float, alpha: float = ALPHA) -> pd.D
     for rg in cells.regime_order:
         n = len(pooled_blocks(cells, rg))
         if n:
-            rows.append({"dataset": ALL, "regime": rg, **power_row(TestDesign("bayes-signed-rank", n, 2), rope, alpha)})
+            design = TestDesign(StatTest.BAYES_SIGNED_RANK, n, 2)
+            rows.append({"dataset": ALL, "regime": rg, **power_row(design, rope, alpha)})
     cols = ["dataset", "regime", "test", "n_blocks", "n_items", "n_comparisons", "min_p", "max_prob",
             "alpha", "threshold", "reachable", "blocks_needed", "message"]
     return pd.DataFrame(rows, columns=cols)

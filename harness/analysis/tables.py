@@ -188,7 +188,7 @@ def headline(t: AnalysisResult) -> dict:
             "top_credible": per_dataset.head(3).to_dict("records"),
             "top_reversals": _strongest(t.reversals),
             # the Wilcoxon count is a statement only where the test could call anything significant
-            "wilcoxon_decides": bool(pw[pw["test"] == "wilcoxon-holm"]["reachable"].all()),
+            "wilcoxon_decides": power.wilcoxon_decides(pw),
             "degenerate": deg[deg["degenerate"].astype(bool)][["dataset", "regime", "reason"]].to_dict("records"),
             "power_warnings": sorted(set(pw.loc[~pw["reachable"].astype(bool), "message"])),
             "rope": t.settings.rope_points,

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...analysis.families import families_in
+from ...analysis.power import wilcoxon_decides
 from ...analysis.result import AnalysisResult
 from ...config.metrics import METRICS
 from ...config.vocabulary import FAMILY_DESCRIPTIONS
@@ -57,7 +58,7 @@ def _agreement(w: SiteWriter, t: AnalysisResult, sel: AnalysisResult, ds: str, r
             "credible": records_of(sel.credible_reversals), "bayes": _bayes_matrices(sel.bayes, regs),
             "reversals": records_of(sel.reversals), "reversal_summary": records_of(sel.reversal_summary),
             "power": sections.power(sel.power, with_dataset=False),
-            "wilcoxon_decides": bool(sel.power[sel.power["test"] == "wilcoxon-holm"]["reachable"].all()),
+            "wilcoxon_decides": wilcoxon_decides(sel.power),
             "cd": charts.cd_diagrams(sel.methods, sel.friedman, regs),
             "friedman": records_of(sel.friedman), "w_orders": records_of(sel.w_orders)}
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from ...analysis.families import families_in
+from ...analysis.power import StatTest
 from ...analysis.result import AnalysisResult
 from ...analysis.tables import headline
 from ...config.vocabulary import FAMILY_DESCRIPTIONS, Status
@@ -63,7 +64,7 @@ def _setup(records, frame: pd.DataFrame) -> dict:
         return sorted({_text(get(s)) for s in specs}, key=str)
 
     ok_steps = frame.loc[frame["status"] == Status.OK, "optimizer_steps"].dropna()
-    # A pretrained backbone is a mapping ({dataset: ..} or {checkpoint: .., sha256: ..}): shown by its label.
+    # The pre-training is a `Pretrain` value (its kind and that kind's fields): shown by its label.
     return {"scenario": values(lambda s: s.scenario), "pretrain": values(lambda s: s.pretrain.label),
             "epochs": values(lambda s: s.training.epochs), "batch_size": values(lambda s: s.training.batch_size),
             "optimizer": values(lambda s: s.training.optimizer), "lr": values(lambda s: s.training.lr),
@@ -80,7 +81,7 @@ def _text(v) -> str:
 def _bayes_blind(pw: pd.DataFrame) -> dict:
     """How many (dataset, regime) Bayesian comparisons cannot reach the credible level at all:
     there, "no credible reversal" says nothing about agreement."""
-    b = pw[pw["test"] == "bayes-signed-rank"]
+    b = pw[pw["test"] == StatTest.BAYES_SIGNED_RANK]
     return {"n": int((~b["reachable"].astype(bool)).sum()), "of": len(b)}
 
 
