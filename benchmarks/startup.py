@@ -5,7 +5,7 @@ python benchmarks/startup.py [--repeats 5] [--skip-cli] [--skip-check] [--skip-s
 1. Each command runs as a fresh process, interleaved with a bare `python -c pass` (the
    floor) and with the old way of listing methods (importing every adapter through the
    registry, i.e. torch and Avalanche), so a busy machine slows all of them alike. Also says
-   whether the shipped built-in method index (harness/methods/_index.json) is fresh.
+   whether the shipped built-in method index (harness/api/_index.json) is fresh.
 2. `cl-bench check submissions/l2_anchor.py` next to the import floor it cannot go below
    (`import harness.run.engine`: torch + Avalanche + the harness).
 3. Time to first record of a 10-run grid (digits, mlp, head/full x naive x 5 orders, 1 epoch)

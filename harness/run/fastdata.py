@@ -9,7 +9,7 @@ tensors (moved to the device once), reshuffled every epoch by a seeded generator
 Avalanche semantics are kept: the fast loader is used only when the strategy trains on
 the plain experience dataset (the template's own `train_dataset_adaptation`, not replaced
 by a plugin), or on a dataset the method built and tagged with its tensors
-(`methods.contract.tag_tensors`, e.g. joint training's concatenation, whose minibatches
+(`api.contract.tag_tensors`, e.g. joint training's concatenation, whose minibatches
 mix tasks); otherwise (a plugin adding data or transforms) Avalanche's loader is built as
 before. Plugins that replace or wrap `strategy.dataloader` themselves (replay's memory
 batches) run after this and still do so.
@@ -33,7 +33,7 @@ class TensorBatches:
 
     `transform(x_all)` (optional) returns features of the whole input tensor (or None),
     computed once, lazily at the first epoch: the frozen prefix's output (see
-    harness.prefix_cache). `batch_cached` says whether the last batch holds features.
+    harness.run.prefix_cache). `batch_cached` says whether the last batch holds features.
     """
 
     def __init__(self, x, y, task, batch_size: int, generator: torch.Generator,

@@ -13,7 +13,7 @@ on stored raw inputs (GEM, A-GEM memories, EWC/GPM/BECAME passes over the experi
 dataset) are unaffected, because the model itself is untouched.
 
 Who caches: a strategy or one of its plugins may declare `harness_prefix_cache = True`
-or `False` (methods.contract.PrefixCacheDeclaration); otherwise the adapter's
+or `False` (api.contract.PrefixCacheDeclaration); otherwise the adapter's
 `prefix_cache` field decides (set only once a test showed the method's records equal with
 and without the cache, see tests/test_performance_paths.py).
 """
@@ -85,7 +85,7 @@ class PrefixCache:
         self.tasks_cached: list[int] = []
 
     def transform_for(self, strategy, t: int):
-        """The per-task input transform for harness.fastdata (None: no caching this task)."""
+        """The per-task input transform for harness.run.fastdata (None: no caching this task)."""
         self.suffix = None
         prefix = frozen_prefix(strategy.model) if self.enabled else []
         if not prefix:
@@ -123,7 +123,7 @@ def _head(model, task: int):
 
 
 def _single_task_batch(strategy) -> int | None:
-    """The task of the current minibatch when it comes from harness.fastdata (one task)."""
+    """The task of the current minibatch when it comes from harness.run.fastdata (one task)."""
     loader = strategy.dataloader
     if type(loader) is TensorBatches and strategy.is_training and isinstance(strategy.model, CLNet):
         return loader.task

@@ -61,7 +61,7 @@ def _select(x: torch.Tensor, y: torch.Tensor, classes, offset: int):
 def to_avalanche(tasks: list[Task], resident: list[Task] | None = None):
     """An Avalanche benchmark (train/test streams, one experience per task, task labels set).
 
-    Each training dataset is tagged with its rows as tensors (`methods.contract.tag_tensors`):
+    Each training dataset is tagged with its rows as tensors (`api.contract.tag_tensors`):
     those of `resident` (the same tasks on the run's device, see `on_device`) where given.
     Avalanche's own datasets stay on the host, where its per-sample code expects them.
     """
