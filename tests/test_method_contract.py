@@ -116,3 +116,17 @@ def test_ill_formed_hparam_types_fail_discovery(tmp_path, types):
     path.write_text(f"NAME = 'm'\nDEFAULTS = {{'x': 1}}\nHPARAM_TYPES = {types}\n\ndef build(ctx, x):\n    pass\n")
     with pytest.raises(RegistryError, match="HPARAM_TYPES of 'm' must map DEFAULTS keys"):
         discover((str(path),), include_submissions=False)
+
+
+def test_the_readme_hook_table_lists_every_hook_of_the_contract():
+    """`StrategyHooks` is the documented set of optional hooks: each member's name has its row."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "submissions" / "README.md").read_text()
+    rows = set(re.findall(r"^\| `([a-z_]+)(?:\(\))?`", readme, flags=re.M))
+    members = {name for hook in contract.StrategyHooks for name in vars(hook).get("__annotations__", {})}
+    members |= {name for hook in contract.StrategyHooks for name, v in vars(hook).items()
+                if callable(v) and not name.startswith("_")}
+    assert members == {"harness_eval_model", "harness_diagnostics", "harness_prefix_cache", "stored_tensors"}
+    assert members <= rows, members - rows

@@ -2,8 +2,8 @@
 
 - `MethodAdapter`: a registered method (name, defaults, build, metadata, declarations).
 - `MethodContext` (`ctx`): everything the harness hands `build(ctx, **hparams)`.
-- `StrategyHooks`: the optional hooks the harness looks up on the strategy and then on
-  each of its plugins, and the functions the engine calls them through.
+- `StrategyHooks`: the optional hooks (documentation: the engine looks each up on the strategy and
+  then on each of its plugins through its own function here).
 
 Adapters (built-in or submitted) depend on this module only; the engine is the host that
 resolves them by name and drives them through it. See submissions/README.md.
@@ -159,6 +159,9 @@ class StoredTensorsHook(Protocol):
     def stored_tensors(self) -> list: ...
 
 
+# The optional hooks, all of them: the list a method author reads (submissions/README.md's hook table,
+# which tests/test_method_contract.py checks against it). The engine calls each through its own
+# function below (evaluated_model, collect_diagnostics, ...), never through this tuple.
 StrategyHooks = (EvalModelHook, DiagnosticsHook, PrefixCacheDeclaration, StoredTensorsHook)
 # Set by the harness on a strategy with the fast data path: the minibatch-order generator,
 # which a method training in stages may save and restore (see methods/became.py).
