@@ -8,7 +8,7 @@ import hashlib
 import json
 import re
 
-from ...config.vocabulary import WARNINGS
+from ...config.vocabulary import WARNINGS, Status
 from ..charts import fraction_text, ok as _ok
 from ..formatting import num, p_eq, p_text, percent
 
@@ -34,6 +34,11 @@ def thousands(x) -> str:
     return f"{round(x):,}" if _ok(x) else "—"
 
 
+def status_class(status) -> str:
+    """The CSS class of a run status: "ok" for a run that finished, "bad" for any other."""
+    return "ok" if status == Status.OK else "bad"
+
+
 def flag_title(codes: str) -> str:
     """Hover text of a flag mark: each comma-joined warning code with its meaning."""
     items = [c for c in str(codes or "").split(",") if c]
@@ -46,5 +51,5 @@ def flag_title(codes: str) -> str:
 FILTERS = {"num": num, "pct": percent, "slug": slug,
            "tojson_compact": lambda v: json.dumps(v, default=str),
            "tojson_pretty": lambda v: json.dumps(v, indent=1, default=str),
-           "thousands": thousands, "flag_title": flag_title, "p": p_text, "p_eq": p_eq,
+           "thousands": thousands, "flag_title": flag_title, "status_class": status_class, "p": p_text, "p_eq": p_eq,
            "prob": lambda x: num(x, 3), "listing": listing, "val": value, "frac": fraction_text}

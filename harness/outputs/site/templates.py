@@ -14,6 +14,7 @@ from markupsafe import Markup
 
 from ...config.metrics import METRICS
 from ...config.resources import static_dir, templates_dir
+from ...config.vocabulary import Scenario, Status
 from .filters import FILTERS, slug
 
 TEMPLATES = templates_dir()
@@ -28,6 +29,7 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined)
     env.filters.update(FILTERS)
     env.globals["metrics"] = METRICS  # labels and directions of the metric table
+    env.globals.update(Status=Status, Scenario=Scenario)  # templates decide by the vocabulary, not by strings
     return env
 
 
