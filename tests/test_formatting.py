@@ -1,8 +1,13 @@
 """One formatting module: p-values, percentages, CIs and the best-as-printed rule, as every output prints them."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import numpy as np
 import pytest
 
+from harness.config.numbers import is_number
 from harness.outputs.formatting import MISSING, best_as_printed, mean_ci, num, p_eq, p_text, percent
 
 
@@ -38,10 +43,30 @@ def test_best_is_decided_as_printed():
 
 def test_outputs_print_p_values_through_the_one_module():
     # No output module restates the p-value rule (a literal "< 0.001" or "<0.001").
-    import re
-    from pathlib import Path
-
     outputs = Path(__file__).resolve().parent.parent / "harness" / "outputs"
     found = [p.name for p in outputs.glob("*.py") if p.name != "formatting.py"
              and re.search(r"<\s?0\.001", p.read_text(encoding="utf-8"))]
     assert not found, found
+
+
+HARNESS = Path(__file__).resolve().parent.parent / "harness"
+
+
+def _sources(skip: set[str] = frozenset()) -> list[tuple[str, str]]:
+    """(path under harness/, text) of every harness module but the ones named in skip."""
+    return [(str(p.relative_to(HARNESS)), p.read_text(encoding="utf-8")) for p in sorted(HARNESS.rglob("*.py"))
+            if str(p.relative_to(HARNESS)) not in skip]
+
+
+@pytest.mark.parametrize("x, number", [(1, True), (0.5, True), (np.float64(2.0), True), (-3, True),
+                                       (float("nan"), False), (float("inf"), False), (None, False), (True, False),
+                                       ("1.0", False), ([1.0], False)])
+def test_what_counts_as_a_number(x, number):
+    assert is_number(x) is number
+
+
+def test_the_finite_number_check_is_defined_once():
+    # Written out again (a bool test next to isfinite), it could drift from config/numbers.py.
+    check = re.compile(r"isinstance\(\w+, bool\)[^\n]*isfinite|isfinite[^\n]*isinstance\(\w+, bool\)")
+    found = [path for path, text in _sources({"config/numbers.py"}) if check.search(text)]
+    assert not found and check.search((HARNESS / "config" / "numbers.py").read_text()), found

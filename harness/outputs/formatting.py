@@ -10,18 +10,14 @@ One spelling per quantity wherever it appears:
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Mapping
+
+from ..config.numbers import is_number
 
 MISSING = "—"
 TEX_MISSING = "---"  # LaTeX typesets it as an em dash; its text fonts may lack the glyph
 DIGITS = 1  # one decimal of a percent: task orders rarely resolve finer differences
 P_FLOOR = 0.001  # smaller p-values print as "< 0.001": their digits are noise at these sample sizes
-
-
-def is_number(x) -> bool:
-    """A finite real number (not a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def num(x, digits: int = 3, missing: str = MISSING) -> str:

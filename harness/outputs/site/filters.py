@@ -8,8 +8,9 @@ import hashlib
 import json
 import re
 
+from ...config.numbers import is_number
 from ...config.vocabulary import WARNINGS, Status
-from ..charts import fraction_text, ok as _ok
+from ..charts import fraction_text
 from ..formatting import num, p_eq, p_text, percent
 
 
@@ -21,7 +22,7 @@ def slug(name: str) -> str:
 
 def value(x, digits: int = 4) -> str:
     """A diagnostic value: whole numbers as integers (memory dimensions, epochs), others fixed-point."""
-    return str(int(x)) if _ok(x) and float(x).is_integer() and abs(x) < 1e15 else num(x, digits)
+    return str(int(x)) if is_number(x) and float(x).is_integer() and abs(x) < 1e15 else num(x, digits)
 
 
 def listing(values) -> str:
@@ -31,7 +32,7 @@ def listing(values) -> str:
 
 def thousands(x) -> str:
     """A whole number with thousands separators (1,234), or an em dash for missing values."""
-    return f"{round(x):,}" if _ok(x) else "—"
+    return f"{round(x):,}" if is_number(x) else "—"
 
 
 def status_class(status) -> str:
