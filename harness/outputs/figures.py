@@ -27,8 +27,10 @@ from ..config.metrics import METRICS  # noqa: E402
 from ..config.text import terminal_safe  # noqa: E402
 from ..config.vocabulary import Status  # noqa: E402
 from .charts import spread, tick_percent  # noqa: E402
-from .formatting import p_eq  # noqa: E402
-from .site.filters import slug  # noqa: E402  (file names: readable prefix + hash, safe for any label)
+from .formatting import (
+    p_eq,  # noqa: E402
+    slug,  # noqa: E402  (file names: readable prefix + hash, safe for any label)
+)
 
 FORMATS = ("pdf", "png")
 # Fixed settings on top of matplotlib's defaults (a user's matplotlibrc must not change the files).

@@ -6,10 +6,13 @@ One spelling per quantity wherever it appears:
   text (tooltips, figure cells) it reads "p < 0.001", "p = 0.123" or "p n/a";
 - a metric is a percent with DIGITS decimals (`percent`), with its CI as "mean ± half-width";
   LaTeX writes the ± as `$\\pm$` (its text fonts have no ± glyph), everything else as ±.
-- "best per regime" is decided as printed (`best_as_printed`).
+- "best per regime" is decided as printed (`best_as_printed`);
+- a label in a file name, anchor or LaTeX label is its `slug` (readable prefix + hash).
 """
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Hashable, Mapping
 
 from ..config.numbers import is_number
@@ -63,3 +66,9 @@ def best_as_printed(values: Mapping[Hashable, float], higher_is_better: bool,
         return frozenset()
     top = max(printed.values()) if higher_is_better else min(printed.values())
     return frozenset(k for k, v in printed.items() if v == top)
+
+
+def slug(name: str) -> str:
+    """File-name-safe, collision-free slug of any string (readable prefix + short hash)."""
+    base = re.sub(r"[^A-Za-z0-9]+", "-", str(name)).strip("-").lower()[:40] or "x"
+    return f"{base}-{hashlib.sha1(str(name).encode()).hexdigest()[:6]}"

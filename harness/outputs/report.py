@@ -18,8 +18,13 @@ from ..analysis.frame import FLAG, percent_scale, regime_order
 from ..analysis.result import AnalysisResult, AnalysisSettings
 from ..config.metrics import METRICS
 from ..config.text import terminal_safe
-from .formatting import MISSING, TEX_MISSING, best_as_printed, mean_ci
-from .site.filters import slug  # label keys: letters, digits, '-' and a hash, so no two datasets share one
+from .formatting import (
+    MISSING,
+    TEX_MISSING,
+    best_as_printed,
+    mean_ci,
+    slug,  # label keys: letters, digits, '-' and a hash, so no two datasets share one
+)
 
 CREDIBLE_METRIC = "acc"  # the Bayesian comparison (AnalysisResult.bayes) is over ACC
 MD_CREDIBLE, TEX_CREDIBLE = "‡", r"\ddag"

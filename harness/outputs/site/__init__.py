@@ -17,8 +17,8 @@ from ...analysis.tables import analyse
 from ...config.specs import RunRecord
 from ...config.vocabulary import WARNINGS
 from .. import charts
+from ..formatting import slug
 from . import dataset, method, overview, run
-from .filters import slug
 from .templates import assets, environment
 from .writer import SiteWriter
 

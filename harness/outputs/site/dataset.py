@@ -13,9 +13,8 @@ from ...config.numbers import is_number
 from ...config.vocabulary import FAMILY_DESCRIPTIONS
 from .. import charts
 from ..charts import records_of
-from ..formatting import best_as_printed
+from ..formatting import best_as_printed, slug
 from . import sections
-from .filters import slug
 from .writer import SiteWriter
 
 # (link text, table): every per-dataset download, cut to the page's data set

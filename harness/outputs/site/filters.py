@@ -4,20 +4,12 @@ Pure functions of one value each; `FILTERS` is what templates.environment() regi
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 
 from ...config.numbers import is_number
 from ...config.vocabulary import WARNINGS, Status
 from ..charts import fraction_text
-from ..formatting import num, p_eq, p_text, percent
-
-
-def slug(name: str) -> str:
-    """File-name-safe, collision-free slug of any string (readable prefix + short hash)."""
-    base = re.sub(r"[^A-Za-z0-9]+", "-", str(name)).strip("-").lower()[:40] or "x"
-    return f"{base}-{hashlib.sha1(str(name).encode()).hexdigest()[:6]}"
+from ..formatting import num, p_eq, p_text, percent, slug
 
 
 def value(x, digits: int = 4) -> str:

@@ -10,7 +10,7 @@ from ...config.specs import RunRecord
 from ...config.vocabulary import WARNINGS
 from ...execution.reproduce import reproduce_command
 from .. import charts
-from .filters import slug
+from ..formatting import slug
 from .method import sweep_panels
 from .writer import SiteWriter
 

@@ -15,7 +15,8 @@ from markupsafe import Markup
 from ...config.metrics import METRICS
 from ...config.resources import static_dir, templates_dir
 from ...config.vocabulary import Scenario, Status
-from .filters import FILTERS, slug
+from ..formatting import slug
+from .filters import FILTERS
 
 TEMPLATES = templates_dir()
 STATIC = static_dir()
