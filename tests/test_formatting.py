@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from harness.config.numbers import is_number
-from harness.outputs.formatting import MISSING, best_as_printed, mean_ci, num, p_eq, p_text, percent
+from harness.outputs.formatting import MISSING, best_as_printed, fraction_text, mean_ci, num, p_eq, p_text, percent
 
 
 @pytest.mark.parametrize("p, text", [(0.0, "< 0.001"), (0.00049, "< 0.001"), (0.0009999, "< 0.001"),
@@ -70,3 +70,18 @@ def test_the_finite_number_check_is_defined_once():
     check = re.compile(r"isinstance\(\w+, bool\)[^\n]*isfinite|isfinite[^\n]*isinstance\(\w+, bool\)")
     found = [path for path, text in _sources({"config/numbers.py"}) if check.search(text)]
     assert not found and check.search((HARNESS / "config" / "numbers.py").read_text()), found
+
+
+def test_outputs_spell_missing_values_and_fixed_point_numbers_through_the_one_module():
+    # An em dash or "n/a" literal, or a fixed-point format spec, outside formatting.py restates a spelling.
+    spelled = re.compile(r"""["'](—|n/a)["']|:\.\d+f\}""")
+    found = [path for path, text in _sources({"outputs/formatting.py"}) if path.startswith("outputs/")
+             and spelled.search(text)]
+    assert not found, found
+    assert spelled.search('label = "n/a"') and spelled.search('f"{x:.2f}"') and spelled.search("else '—'")
+
+
+@pytest.mark.parametrize("f, text", [(1.0, "100%"), (0.05, "5.0%"), (0.0012, "0.12%"), (0.000123, "0.012%"),
+                                     (0.0, "0%"), (float("nan"), MISSING), (None, MISSING)])
+def test_trainable_fractions_print_with_two_significant_digits(f, text):
+    assert fraction_text(f) == text

@@ -14,6 +14,7 @@ from ..analysis.diagnostics import Sweep
 from ..analysis.frame import family_of
 from ..config.numbers import is_number
 from ..config.vocabulary import Status
+from .formatting import fraction_text, num
 
 # One colour per regime, light (small trainable subspace) to dark (large): size reads as intensity.
 REGIME_COLOURS = ("#f4a259", "#e76f51", "#b5446e", "#6a4c93", "#1d3557", "#0b132b")
@@ -43,15 +44,6 @@ def regime_colours(regimes) -> dict:
         a, b, f = rgb[k], rgb[k + 1], t - k
         out[r] = "#" + "".join(f"{round(x + (y - x) * f):02x}" for x, y in zip(a, b))
     return out
-
-
-def fraction_text(f) -> str:
-    """A trainable fraction as a percent with two significant digits (100%, 5.0%, 0.12%); — if unknown."""
-    if not is_number(f):
-        return "—"
-    p = f * 100
-    digits = 0 if p <= 0 else max(0, 1 - math.floor(math.log10(p)))
-    return f"{p:.{digits}f}%"
 
 
 def tick_percent(v: float) -> str:
@@ -438,7 +430,7 @@ def curve_panels(curves: pd.DataFrame, regs, colours: dict, scale: float) -> lis
         xs = sorted({float(t) for t in sub["task"]})
         panels.append({"regime": rg, **line_panel(series, xs, ylo, yhi, xlabel="after training task t",
                                                   ylabel="ACC on tasks 1..t" + (" %" if scale == 100 else ""),
-                                                  xfmt=lambda x: f"{x:.0f}")})
+                                                  xfmt=lambda x: num(x, 0))})
     return panels
 
 
@@ -467,7 +459,7 @@ def sweep_panel(sweep: Sweep, scale: float) -> dict:
             if name != xk and chosen is not None and abs(at - chosen) < 1e-6:
                 continue  # the same value as the chosen one: one line says both
             vlines.append({"at": at, "colour": colour, "dash": "" if name == xk else "4 3", "task": t, "mark": name,
-                           "name": f"{'chosen ' + xk if name == xk else name} = {at:.3f} (task {t})"})
+                           "name": f"{'chosen ' + xk if name == xk else name} = {num(at, 3)} (task {t})"})
         best = max(pts, key=lambda p: p[1]) if pts else (None, None)
         rows.append({"task": t, "n": task.n, "marks": marks, "best_x": best[0], "best_y": best[1]})
     ylo, yhi = y_limits(ys, 0.0, 100.0 if f == 100 else None)

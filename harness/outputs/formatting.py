@@ -4,6 +4,7 @@ One spelling per quantity wherever it appears:
 - a missing number is an em dash (LaTeX writes `---`, which typesets as one);
 - a p-value in a cell is "< 0.001" below 0.001, else three decimals; after a "p" in running
   text (tooltips, figure cells) it reads "p < 0.001", "p = 0.123" or "p n/a";
+- a trainable fraction is a percent with two significant digits (`fraction_text`);
 - a metric is a percent with DIGITS decimals (`percent`), with its CI as "mean ± half-width";
   LaTeX writes the ± as `$\\pm$` (its text fonts have no ± glyph), everything else as ±.
 - "best per regime" is decided as printed (`best_as_printed`);
@@ -12,12 +13,14 @@ One spelling per quantity wherever it appears:
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Hashable, Mapping
 
 from ..config.numbers import is_number
 
 MISSING = "—"
+NOT_AVAILABLE = "n/a"  # a statistic that cannot be computed (one method, no pairs): not a missing value
 TEX_MISSING = "---"  # LaTeX typesets it as an em dash; its text fonts may lack the glyph
 DIGITS = 1  # one decimal of a percent: task orders rarely resolve finer differences
 P_FLOOR = 0.001  # smaller p-values print as "< 0.001": their digits are noise at these sample sizes
@@ -39,6 +42,15 @@ def mean_ci(mean, half, digits: int = DIGITS, tex: bool = False) -> str:
     return f"{num(mean, digits, missing)} {pm} {num(half, digits, missing)}"
 
 
+def fraction_text(f) -> str:
+    """A trainable fraction as a percent with two significant digits (100%, 5.0%, 0.12%); MISSING if unknown."""
+    if not is_number(f):
+        return MISSING
+    p = f * 100
+    digits = 0 if p <= 0 else max(0, 1 - math.floor(math.log10(p)))
+    return f"{num(p, digits)}%"
+
+
 def p_text(p) -> str:
     """A p-value in a cell: "< 0.001" below P_FLOOR, else three decimals, MISSING if there is none."""
     if not is_number(p):
@@ -49,7 +61,7 @@ def p_text(p) -> str:
 def p_eq(p) -> str:
     """A p-value after a "p": "< 0.001", "= 0.123", or "n/a" when there is none."""
     if not is_number(p):
-        return "n/a"
+        return NOT_AVAILABLE
     return p_text(p) if p < P_FLOOR else f"= {p_text(p)}"
 
 

@@ -8,8 +8,7 @@ import json
 
 from ...config.numbers import is_number
 from ...config.vocabulary import WARNINGS, Status
-from ..charts import fraction_text
-from ..formatting import num, p_eq, p_text, percent, slug
+from ..formatting import MISSING, fraction_text, num, p_eq, p_text, percent, slug
 
 
 def value(x, digits: int = 4) -> str:
@@ -19,12 +18,12 @@ def value(x, digits: int = 4) -> str:
 
 def listing(values) -> str:
     """Distinct values joined by " · " (one value: just it)."""
-    return " · ".join(str(v) for v in values) if values else "—"
+    return " · ".join(str(v) for v in values) if values else MISSING
 
 
 def thousands(x) -> str:
     """A whole number with thousands separators (1,234), or an em dash for missing values."""
-    return f"{round(x):,}" if is_number(x) else "—"
+    return f"{round(x):,}" if is_number(x) else MISSING
 
 
 def status_class(status) -> str:

@@ -10,7 +10,7 @@ from ...config.specs import RunRecord
 from ...config.vocabulary import WARNINGS
 from ...execution.reproduce import reproduce_command
 from .. import charts
-from ..formatting import slug
+from ..formatting import num, slug
 from .method import sweep_panels
 from .writer import SiteWriter
 
@@ -58,9 +58,9 @@ def _timings(timings: dict) -> list[tuple[str, str]]:
     out = []
     for k, v in timings.items():
         if is_number(v):
-            out.append((k, f"{v:.2f}"))
+            out.append((k, num(v, 2)))
         elif isinstance(v, list):
-            out.append((k, ", ".join(f"{x:.2f}" if is_number(x) else "—" for x in v)))
+            out.append((k, ", ".join(num(x, 2) for x in v)))
         else:
             out.append((k, json.dumps(v, default=str)))
     return out
