@@ -8,7 +8,17 @@ import numpy as np
 import pytest
 
 from harness.config.numbers import is_number
-from harness.outputs.formatting import MISSING, best_as_printed, fraction_text, mean_ci, num, p_eq, p_text, percent
+from harness.outputs.formatting import (
+    MISSING,
+    best_as_printed,
+    fraction_text,
+    half_width,
+    mean_ci,
+    num,
+    p_eq,
+    p_text,
+    percent,
+)
 
 
 @pytest.mark.parametrize("p, text", [(0.0, "< 0.001"), (0.00049, "< 0.001"), (0.0009999, "< 0.001"),
@@ -85,3 +95,19 @@ def test_outputs_spell_missing_values_and_fixed_point_numbers_through_the_one_mo
                                      (0.0, "0%"), (float("nan"), MISSING), (None, MISSING)])
 def test_trainable_fractions_print_with_two_significant_digits(f, text):
     assert fraction_text(f) == text
+
+
+def test_half_width_of_a_ci():
+    assert half_width(0.90, 0.94) == pytest.approx(0.02) and half_width(0.90, 0.94, 100.0) == pytest.approx(2.0)
+    assert half_width(None, 0.9) is None and half_width(0.9, float("nan")) is None
+    assert mean_ci(92.0, half_width(0.90, 0.94, 100.0)) == "92.0 ± 2.0" and mean_ci(92.0, None) == "92.0 ± —"
+
+
+def test_the_ci_half_width_is_computed_in_one_place():
+    # A CI's upper bound minus something (r["acc_hi"] - ..., r[k ~ '_hi'] - ...) in a view-model or template.
+    computed = re.compile(r"""_hi["'\])]*\s*-\s*[^,;\n]{0,30}_lo""")
+    templates = HARNESS.parent / "leaderboard" / "templates"
+    found = [path for path, text in _sources({"outputs/formatting.py"}) if computed.search(text)]
+    found += [p.name for p in sorted(templates.glob("*.html")) if computed.search(p.read_text(encoding="utf-8"))]
+    assert not found, found
+    assert computed.search("""(r[k ~ '_hi'] - r[k ~ '_lo']) / 2""") and computed.search("""(r["acc_hi"] - r["acc_lo"])""")

@@ -36,6 +36,11 @@ def percent(x, scale: float = 100.0, digits: int = DIGITS) -> str:
     return num(x * scale if is_number(x) else x, digits)
 
 
+def half_width(lo, hi, scale: float = 1.0) -> float | None:
+    """Half the width of the CI [lo, hi] (times scale): the "± half" of a mean; None if a bound is missing."""
+    return (hi - lo) / 2 * scale if is_number(lo) and is_number(hi) else None
+
+
 def mean_ci(mean, half, digits: int = DIGITS, tex: bool = False) -> str:
     """A mean with its CI as "mean ± half" (half: half the CI's width), both on the printed scale."""
     pm, missing = (r"$\pm$", TEX_MISSING) if tex else ("±", MISSING)

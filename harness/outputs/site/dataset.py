@@ -13,7 +13,7 @@ from ...config.numbers import is_number
 from ...config.vocabulary import FAMILY_DESCRIPTIONS
 from .. import charts
 from ..charts import records_of
-from ..formatting import best_as_printed, slug
+from ..formatting import best_as_printed, half_width, slug
 from . import sections
 from .writer import SiteWriter
 
@@ -107,8 +107,7 @@ def _grid_cell(r: dict | None, best: bool) -> dict | None:
     """One grid cell: the metric row plus whether it holds the column's best mean ACC (as printed)."""
     if r is None:
         return None
-    half = (r["acc_hi"] - r["acc_lo"]) / 2 if r["acc_hi"] is not None and r["acc_lo"] is not None else None
-    return {**r, "half": half, "best": best}
+    return {**r, "half": half_width(r["acc_lo"], r["acc_hi"]), "best": best}
 
 
 def _bayes_matrices(bayes: pd.DataFrame, regs) -> list[dict]:

@@ -15,7 +15,7 @@ from markupsafe import Markup
 from ...config.metrics import METRICS
 from ...config.resources import static_dir, templates_dir
 from ...config.vocabulary import Scenario, Status
-from ..formatting import slug
+from ..formatting import half_width, slug
 from .filters import FILTERS
 
 TEMPLATES = templates_dir()
@@ -31,6 +31,7 @@ def environment() -> jinja2.Environment:
     env.filters.update(FILTERS)
     env.globals["metrics"] = METRICS  # labels and directions of the metric table
     env.globals.update(Status=Status, Scenario=Scenario)  # templates decide by the vocabulary, not by strings
+    env.globals["half_width"] = half_width  # the "± half" of a CI, as the report computes it
     return env
 
 
