@@ -18,6 +18,7 @@ from harness.outputs.formatting import (
     p_eq,
     p_text,
     percent,
+    rope_text,
 )
 
 
@@ -111,3 +112,20 @@ def test_the_ci_half_width_is_computed_in_one_place():
     found += [p.name for p in sorted(templates.glob("*.html")) if computed.search(p.read_text(encoding="utf-8"))]
     assert not found, found
     assert computed.search("""(r[k ~ '_hi'] - r[k ~ '_lo']) / 2""") and computed.search("""(r["acc_hi"] - r["acc_lo"])""")
+
+
+@pytest.mark.parametrize("points, text", [(1.0, "ROPE 1 ACC point"), (1, "ROPE 1 ACC point"),
+                                          (0.5, "ROPE 0.5 ACC points"), (0.25, "ROPE 0.25 ACC points")])
+def test_the_rope_sentence(points, text):
+    assert rope_text(points) == text
+
+
+def test_the_rope_and_the_credible_level_are_written_once_in_the_outputs():
+    # Templates receive rope_text and credible_level; the report calls rope_text.
+    templates = HARNESS.parent / "leaderboard" / "templates"
+    restated = re.compile(r"ROPE \{|ACC point\{|[≥=] 0\.95|reach 0\.95")
+    found = [path for path, text in _sources({"outputs/formatting.py"}) if path.startswith("outputs/")
+             and restated.search(text)]
+    found += [p.name for p in sorted(templates.glob("*.html")) if restated.search(p.read_text(encoding="utf-8"))]
+    assert not found, found
+    assert all(restated.search(t) for t in ('f"ROPE {rope:g}', "ROPE {{ rp|num(1) }}", "P ≥ 0.95 in both", "reach 0.95)"))

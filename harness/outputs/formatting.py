@@ -7,6 +7,7 @@ One spelling per quantity wherever it appears:
 - a trainable fraction is a percent with two significant digits (`fraction_text`);
 - a metric is a percent with DIGITS decimals (`percent`), with its CI as "mean ± half-width";
   LaTeX writes the ± as `$\\pm$` (its text fonts have no ± glyph), everything else as ±.
+- the Bayesian comparison's region of practical equivalence reads "ROPE 0.5 ACC points" (`rope_text`);
 - "best per regime" is decided as printed (`best_as_printed`);
 - a label in a file name, anchor or LaTeX label is its `slug` (readable prefix + hash).
 """
@@ -39,6 +40,11 @@ def percent(x, scale: float = 100.0, digits: int = DIGITS) -> str:
 def half_width(lo, hi, scale: float = 1.0) -> float | None:
     """Half the width of the CI [lo, hi] (times scale): the "± half" of a mean; None if a bound is missing."""
     return (hi - lo) / 2 * scale if is_number(lo) and is_number(hi) else None
+
+
+def rope_text(points: float) -> str:
+    """The region of practical equivalence as the outputs name it: "ROPE 1 ACC point", "ROPE 0.5 ACC points"."""
+    return f"ROPE {points:g} ACC point{'' if points == 1 else 's'}"
 
 
 def mean_ci(mean, half, digits: int = DIGITS, tex: bool = False) -> str:

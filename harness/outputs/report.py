@@ -18,7 +18,7 @@ from ..analysis.frame import FLAG, percent_scale, regime_order
 from ..analysis.result import AnalysisResult, AnalysisSettings
 from ..config.metrics import METRICS
 from ..config.text import terminal_safe
-from .formatting import MISSING, TEX_MISSING, best_as_printed, half_width, mean_ci, slug
+from .formatting import MISSING, TEX_MISSING, best_as_printed, half_width, mean_ci, rope_text, slug
 
 CREDIBLE_METRIC = "acc"  # the Bayesian comparison (AnalysisResult.bayes) is over ACC
 MD_CREDIBLE, TEX_CREDIBLE = "‡", r"\ddag"
@@ -124,9 +124,8 @@ def _decided_for(rows: pd.DataFrame, best, runner) -> bool:
 
 def _credible_note(settings: AnalysisSettings) -> str:
     """'Bayesian signed-rank test ..., ROPE r ACC points, P >= level', with the analysis' settings."""
-    rope = settings.rope_points
-    return (f"Bayesian signed-rank test over paired task orders, ROPE {rope:g} ACC point{'' if rope == 1 else 's'}"
-            f", P ≥ {settings.credible:g}")
+    return (f"Bayesian signed-rank test over paired task orders, {rope_text(settings.rope_points)}, "
+            f"P ≥ {settings.credible:g}")
 
 
 def _caption(g: Grid) -> str:

@@ -17,7 +17,7 @@ from ...analysis.tables import analyse
 from ...config.specs import RunRecord
 from ...config.vocabulary import WARNINGS
 from .. import charts
-from ..formatting import slug
+from ..formatting import rope_text, slug
 from . import dataset, method, overview, run
 from .templates import assets, environment
 from .writer import SiteWriter
@@ -34,7 +34,7 @@ def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | No
     comparisons, in ACC points.
     """
     tables = analyse(records, include_flagged=include_flagged, rope=rope)
-    base = _base(tables, records, results_dir=results_dir, include_flagged=include_flagged, rope=rope)
+    base = _base(tables, records, results_dir=results_dir, include_flagged=include_flagged)
     infos = method.method_infos()
     # on leaving the block: files of the previous build this one did not write are pruned
     with SiteWriter(Path(out_dir), environment(), base) as w:
@@ -58,7 +58,9 @@ def _base(t: AnalysisResult, records: list[RunRecord], **settings) -> dict:
             "regime_colour": colours, "regime_info": _regime_info(t), "assets": assets(colours),
             "method_colour": {m: charts.METHOD_COLOURS[i % len(charts.METHOD_COLOURS)] for i, m in enumerate(methods)},
             "datasets": sorted(frame["dataset"].unique()), "methods": methods, "flag": FLAG,
-            "warning_text": WARNINGS, "scenarios": sorted({r.spec.scenario for r in records}), **settings}
+            "warning_text": WARNINGS, "scenarios": sorted({r.spec.scenario for r in records}),
+            # the Bayesian comparison's settings, as the analysis used them: "ROPE 1 ACC point", the credible level
+            "rope_text": rope_text(t.settings.rope_points), "credible_level": t.settings.credible, **settings}
 
 
 def _protocol(records) -> dict:
