@@ -22,7 +22,7 @@ from . import dataset, method, overview, run
 from .templates import assets, environment
 from .writer import SiteWriter
 
-__all__ = ["build_site", "site_summary_line", "slug"]  # slug: how a page's file is named after its subject
+__all__ = ["build_site", "slug"]  # slug: how a page's file is named after its subject
 
 
 def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | None = None,
@@ -80,11 +80,3 @@ def _regime_info(t: AnalysisResult) -> dict[str, dict]:
                    "trainable": charts.clean(float(sub["trainable"].median())), "per_dataset": per,
                    "same": len({(r["fraction"], r["trainable"]) for r in per}) <= 1}
     return out
-
-
-def site_summary_line(path) -> str:
-    """One line for the terminal: where the site is and how many pages it has."""
-    p = Path(path)
-    index = p / "index.html" if p.is_dir() else p
-    n = sum(1 for _ in index.parent.rglob("*.html"))
-    return f"leaderboard: {index.resolve()} ({n} pages; open it in a browser, no server needed)"
