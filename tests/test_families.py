@@ -20,6 +20,7 @@ from harness.analysis.frame import records_to_frame, regime_order
 from harness.analysis.tables import analyse, headline
 from harness.config.pretrain import Pretrain
 from harness.config.vocabulary import FAMILY_DESCRIPTIONS
+from harness.outputs.formatting import MISSING, fraction_text
 
 # Mean ACC per regime and method (G is "gpm": depth regimes only). Depth regimes agree with each
 # other but for `full`, which swaps A/B and C/G; bitfit and both lora regimes reverse A > B > C.
@@ -308,8 +309,8 @@ def test_decade_ticks_add_2_and_5_in_a_narrow_range():
 
     ticks = charts.decade_ticks((math.log10(0.25), 0.0), 100)
     assert [t["label"] for t in ticks] == ["50%", "100%"] and ticks[-1]["x"] == 100
-    assert charts.fraction_text(0.05) == "5.0%" and charts.fraction_text(1.0) == "100%"
-    assert charts.fraction_text(0.000123) == "0.012%" and charts.fraction_text(float("nan")) == "—"
+    assert fraction_text(0.05) == "5.0%" and fraction_text(1.0) == "100%"
+    assert fraction_text(0.000123) == "0.012%" and fraction_text(float("nan")) == MISSING
 
 
 def test_regime_colours_stay_distinct_past_six():

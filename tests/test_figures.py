@@ -9,7 +9,7 @@ from conftest import fixture_records
 from harness.analysis.tables import analyse
 from harness.outputs import figures
 from harness.outputs.figures import write_figures
-from harness.outputs.site import slug
+from harness.outputs.formatting import slug
 
 FIXTURE = Path(__file__).parent / "fixtures" / "analysis" / "records.json"
 KINDS = ("rank-shift", "tau", "norm-forgetting", "curves", "acc-forgetting")

@@ -331,3 +331,14 @@ def test_report_command_refuses_two_protocols(results, records, tmp_path, capsys
     err = capsys.readouterr().err
     assert "--protocol: 2 protocols found" in err and "add --protocol NAME" in err
     assert main(["report", "--results", str(two), "--protocol", "other-proto", "--format", "latex"]) == 0
+
+
+def test_the_report_and_the_figures_do_not_load_the_site():
+    # They need only `slug` and the number formats (outputs/formatting.py), not jinja2 and the site's templates.
+    import subprocess
+    import sys
+
+    code = ("import sys, harness.outputs.report, harness.outputs.figures\n"
+            "print(sorted(m for m in ('jinja2', 'harness.outputs.site') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -187,6 +187,17 @@ def test_tie_groups_and_near_ties():
     assert not row["degenerate"] and row["largest_tie"] == 2 and row["tied"] == "a, b"
 
 
+def test_a_practically_equal_regime_names_the_rope_and_the_credible_level(monkeypatch):
+    from harness.analysis import degenerate
+
+    frame = records_to_frame(_records({("head", "a"): [0.5, 0.6], ("head", "b"): [0.51, 0.6]}))
+    equal = pd.DataFrame([{"dataset": frame["dataset"].iloc[0], "regime": "head", "method_1": "a",
+                           "method_2": "b", "decision": "equal"}])
+    monkeypatch.setattr(degenerate, "CREDIBLE", 0.9)  # the reason states the level, not a copy of it
+    row = degenerate_table(frame, Cells(frame), bayes=equal, rope_points=0.5).iloc[0]
+    assert row["degenerate"] and row["reason"].endswith("(Bayesian signed-rank, ROPE 0.5 ACC points, P >= 0.9)")
+
+
 def test_credible_reversals_need_credibility_in_both_regimes():
     table = pd.DataFrame([
         {"dataset": "d", "regime": "head", "method_1": "a", "method_2": "b", "diff": 0.02, "p_1": 0.97,

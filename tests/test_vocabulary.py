@@ -56,6 +56,31 @@ def test_statuses_scenarios_and_families_are_enums_outside_the_vocabulary():
     assert not found, f"use vocabulary.Status / Scenario / Family: {found}"
 
 
+# The same in the site's templates: a comparison with a bare status, scenario or family string,
+# either side of ==, != or `in` (templates get Status, Scenario and the status_class filter).
+VOCABULARY_WORDS = r"(ok|failed|diverged|timeout|task-il|class-il|depth|bitfit|norm|lora)"
+TEMPLATE_LITERAL = re.compile(rf"""(==|!=|\bin)\s*["']{VOCABULARY_WORDS}["']|["']{VOCABULARY_WORDS}["']\s*(==|!=|(not\s+)?in\b)""")
+TEMPLATES = HARNESS.parent / "leaderboard" / "templates"
+
+
+def test_templates_decide_by_the_vocabulary_not_by_strings():
+    pages = sorted(TEMPLATES.glob("*.html"))
+    found = [f"{p.name}:{i}" for p in pages for i, line in enumerate(p.read_text().splitlines(), 1)
+             if TEMPLATE_LITERAL.search(line)]
+    assert pages and not found, f"use Status / Scenario / |status_class in templates: {found}"
+
+
+@pytest.mark.parametrize("line", ["{{ 'x' if s == 'ok' }}", "{% if \"class-il\" in scenarios %}",
+                                  "{{ r.status != \"failed\" }}", "{% if 'lora' not in fams %}"])
+def test_the_template_pattern_finds_string_comparisons(line):
+    assert TEMPLATE_LITERAL.search(line)
+
+
+def test_the_template_pattern_leaves_css_classes_alone():
+    assert not TEMPLATE_LITERAL.search("<b class=\"{{ s|status_class }}\">") and not TEMPLATE_LITERAL.search(
+        "{{ 'failed' if r.n_failed else ('flagged' if r.n_flagged) }}")
+
+
 def test_enums_serialise_as_their_strings():
     import json
 

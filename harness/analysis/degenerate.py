@@ -5,13 +5,14 @@ in how they treat the shared body, which does not train. Such a regime is shown,
 out of tau, W and the headline with its reason.
 
 "The same" has two tolerances: identical within TOLERANCE in every task order, or every pair
-of methods practically equal by the Bayesian signed-rank test (P(within the ROPE) >= 0.95):
+of methods practically equal by the Bayesian signed-rank test (P(within the ROPE) >= CREDIBLE):
 a ranking of methods that are credibly equivalent is noise, whatever its tau.
 """
 from __future__ import annotations
 
 import pandas as pd
 
+from harness.analysis.bayes import CREDIBLE
 from harness.analysis.coverage import Cells, complete
 from harness.analysis.frame import percent_scale
 
@@ -55,7 +56,7 @@ def degenerate_table(frame: pd.DataFrame, cells: Cells, tolerance: float = TOLER
             degenerate = identical or equivalent
             reason = (f"all {len(keep)} methods score within {tol:g} of each other in every task order" if identical
                       else f"every pair of the {len(keep)} methods is practically equal (Bayesian signed-rank, "
-                           f"ROPE {rope_points:g} ACC point{'' if rope_points == 1 else 's'}, P >= 0.95)"
+                           f"ROPE {rope_points:g} ACC point{'' if rope_points == 1 else 's'}, P >= {CREDIBLE:g})"
                            if equivalent else "")
             rows.append({"dataset": ds, "regime": rg, "n_methods": len(keep), "degenerate": degenerate,
                          "largest_tie": len(largest), "tied": ", ".join(largest) if len(largest) > 1 else "",

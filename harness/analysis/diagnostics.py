@@ -8,9 +8,9 @@ regime); `sweeps` gathers sweeps per (key, dataset, regime) for their mean curve
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from ..config.numbers import is_number
 from ..config.specs import RunRecord
 
 
@@ -59,14 +59,9 @@ class Sweep:
     tasks: dict  # task number (1-based) -> TaskSweep
 
 
-def _number(x) -> bool:
-    """A finite real number (not a bool): what a diagnostic series may hold."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
 def series(v) -> list | None:
     """A list of numbers (None allowed), or None when v is not such a list."""
-    if isinstance(v, list) and v and all(x is None or _number(x) for x in v):
+    if isinstance(v, list) and v and all(x is None or is_number(x) for x in v):
         return [float(x) if x is not None else None for x in v]
     return None
 
@@ -79,7 +74,7 @@ def named_series(diagnostics: dict | None) -> list[tuple[str, list]]:
 def flatten(k: str, v) -> list[tuple[str, list]]:
     """Numeric diagnostics as named series: a number, a list of numbers, a list of such lists,
     a dict of those, or a per-task list of dicts (one series per key). Sweeps are charts instead."""
-    if _number(v):
+    if is_number(v):
         return [(k, [float(v)])]
     s = series(v)
     if s is not None:
@@ -91,8 +86,8 @@ def flatten(k: str, v) -> list[tuple[str, list]]:
         return [pair for kk, vv in v.items() for pair in flatten(f"{k}.{kk}", vv)]
     if is_sweep(v) or not _per_task_dicts(v):
         return []
-    keys = sorted({kk for x in v if isinstance(x, dict) for kk, vv in x.items() if _number(vv)})
-    return [(f"{k}.{kk}", [float(x[kk]) if isinstance(x, dict) and _number(x.get(kk)) else None for x in v])
+    keys = sorted({kk for x in v if isinstance(x, dict) for kk, vv in x.items() if is_number(vv)})
+    return [(f"{k}.{kk}", [float(x[kk]) if isinstance(x, dict) and is_number(x.get(kk)) else None for x in v])
             for kk in keys]
 
 
@@ -138,10 +133,10 @@ def _sweep_keys(entry: dict) -> tuple[str, str] | None:
 
     The parameter is the grid key the entry also records as a scalar (BECAME: `alpha`, the chosen value).
     """
-    keys = sorted({k for p in entry["grid"] for k, v in p.items() if _number(v)})
+    keys = sorted({k for p in entry["grid"] for k, v in p.items() if is_number(v)})
     if len(keys) < 2:
         return None
-    x = next((k for k in keys if _number(entry.get(k))), "alpha" if "alpha" in keys else keys[0])
+    x = next((k for k in keys if is_number(entry.get(k))), "alpha" if "alpha" in keys else keys[0])
     return x, next(k for k in keys if k != x)
 
 
@@ -173,8 +168,8 @@ def _add_sweep(slots: dict, key: tuple, v: list) -> None:
         task = slot["tasks"].setdefault(t + 1, {"pts": {}, "marks": {}, "n": 0})
         task["n"] += 1
         for p in entry["grid"]:
-            if _number(p.get(xk)) and _number(p.get(yk)):
+            if is_number(p.get(xk)) and is_number(p.get(yk)):
                 task["pts"].setdefault(round(float(p[xk]), 9), []).append(float(p[yk]))
         for name, val in entry.items():
-            if name != "grid" and _number(val):
+            if name != "grid" and is_number(val):
                 task["marks"].setdefault(name, []).append(float(val))

@@ -38,16 +38,6 @@ def mean(taus) -> TaskVector:
     return {k: v / len(taus) for k, v in task_sum(taus).items()}
 
 
-def randmix(taus, generator: torch.Generator) -> TaskVector:
-    """Per element, τ_i of a uniformly random task i (draws from `generator`, on the CPU)."""
-    _check(taus)
-    out = {}
-    for k in taus[0]:
-        idx = torch.randint(len(taus), taus[0][k].shape, generator=generator).to(taus[0][k].device)
-        out[k] = torch.stack([tau[k] for tau in taus]).gather(0, idx.unsqueeze(0)).squeeze(0)
-    return out
-
-
 def _flatten(tau: TaskVector) -> torch.Tensor:
     return torch.cat([v.reshape(-1) for v in tau.values()]) if tau else torch.zeros(0)
 
@@ -164,7 +154,8 @@ class RandMixMerger(RunningMerger):
     """Per-element reservoir: the n-th τ replaces the kept entry with probability 1/n.
 
     By induction every τ_i is kept with probability 1/n, so the merge is uniform over the
-    tasks (as batch RandMix) in constant memory. Draws come from a seeded CPU generator.
+    tasks (each element is τ_i of a uniformly random task i) in constant memory. Draws come from a
+    seeded CPU generator.
     """
 
     def __init__(self, seed: int):

@@ -12,7 +12,9 @@ import pandas as pd
 
 from ..analysis.diagnostics import Sweep
 from ..analysis.frame import family_of
+from ..config.numbers import is_number
 from ..config.vocabulary import Status
+from .formatting import fraction_text, num
 
 # One colour per regime, light (small trainable subspace) to dark (large): size reads as intensity.
 REGIME_COLOURS = ("#f4a259", "#e76f51", "#b5446e", "#6a4c93", "#1d3557", "#0b132b")
@@ -20,11 +22,6 @@ METHOD_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564
                   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 # Light to dark: later tasks darker, as the regimes.
 TASK_COLOURS = ("#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#08519c", "#08306b", "#041a3a")
-
-
-def ok(x) -> bool:
-    """A finite real number (not a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def clean(v):
@@ -49,15 +46,6 @@ def regime_colours(regimes) -> dict:
     return out
 
 
-def fraction_text(f) -> str:
-    """A trainable fraction as a percent with two significant digits (100%, 5.0%, 0.12%); — if unknown."""
-    if not ok(f):
-        return "—"
-    p = f * 100
-    digits = 0 if p <= 0 else max(0, 1 - math.floor(math.log10(p)))
-    return f"{p:.{digits}f}%"
-
-
 def tick_percent(v: float) -> str:
     """An axis tick of a fraction as a short percent: 0.001 -> 0.1%, 1 -> 100%."""
     return f"{v * 100:g}%"
@@ -70,8 +58,8 @@ def text_width(text, size: float = 11) -> float:
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     """Round tick values covering [lo, hi] (steps of 1, 2 or 5 times a power of ten)."""
-    if not (ok(lo) and ok(hi)) or hi <= lo:
-        return [lo] if ok(lo) else []
+    if not (is_number(lo) and is_number(hi)) or hi <= lo:
+        return [lo] if is_number(lo) else []
     raw = (hi - lo) / max(n - 1, 1)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(s * mag for s in (1, 2, 5, 10) if s * mag >= raw)
@@ -129,7 +117,7 @@ def fraction_positions(regs, fractions: dict | None, width: float, inset: float 
     by `inset` of it on each side); evenly spaced (range None) when any fraction is unknown, so every
     protocol still gets a chart."""
     fr = [(fractions or {}).get(r) for r in regs]
-    log = bool(regs) and all(ok(f) and f > 0 for f in fr)
+    log = bool(regs) and all(is_number(f) and f > 0 for f in fr)
     vals = [math.log10(f) for f in fr] if log else list(range(len(regs)))
     if not vals or max(vals) - min(vals) < 1e-9:  # one regime, or one fraction: the middle
         return {r: width / 2 for r in regs}, ((vals[0] - 0.5, vals[0] + 0.5) if log else None)
@@ -180,14 +168,14 @@ def _place(labels: dict, L: float, T: float) -> list[dict]:
 def fraction_profile(rows: list[dict], key: str, scale: float, colours: dict, ylabel: str) -> dict | None:
     """Mean `key` (norm or forgetting) with its CI per regime against the trainable fraction (log x),
     one dashed line per family, in px; None when no regime has a value."""
-    rows = [r for r in rows if ok(r.get(key))]
+    rows = [r for r in rows if is_number(r.get(key))]
     if not rows:
         return None
     regs = [r["regime"] for r in rows]
     W, H, B, size = 380, 170, 40, 10
     xs, span = fraction_positions(regs, {r["regime"]: r.get("fraction") for r in rows}, W, inset=0.05)
     labels = top_labels(xs, W, size)
-    vals = [v for r in rows for v in (r[key], r.get(f"{key}_lo"), r.get(f"{key}_hi")) if ok(v)]
+    vals = [v for r in rows for v in (r[key], r.get(f"{key}_lo"), r.get(f"{key}_hi")) if is_number(v)]
     # from 0 (a size, not a difference), unless something measured lies below it
     ylo, yhi = y_limits([v * scale for v in vals] + [0.0], floor=0.0 if min(vals) >= 0 else None)
     L = math.ceil(max(46, labels["left"] + 4))
@@ -198,10 +186,10 @@ def fraction_profile(rows: list[dict], key: str, scale: float, colours: dict, yl
 
     fams = list(dict.fromkeys(r.get("family") or "" for r in rows))
     points = [{"regime": r["regime"], "family": r.get("family") or "", "x": round(L + xs[r["regime"]], 1),
-               "y": py(r[key]), "lo": py(r[f"{key}_lo"]) if ok(r.get(f"{key}_lo")) else None,
-               "hi": py(r[f"{key}_hi"]) if ok(r.get(f"{key}_hi")) else None, "v": r[key] * scale,
-               "v_lo": r[f"{key}_lo"] * scale if ok(r.get(f"{key}_lo")) else None,
-               "v_hi": r[f"{key}_hi"] * scale if ok(r.get(f"{key}_hi")) else None,
+               "y": py(r[key]), "lo": py(r[f"{key}_lo"]) if is_number(r.get(f"{key}_lo")) else None,
+               "hi": py(r[f"{key}_hi"]) if is_number(r.get(f"{key}_hi")) else None, "v": r[key] * scale,
+               "v_lo": r[f"{key}_lo"] * scale if is_number(r.get(f"{key}_lo")) else None,
+               "v_hi": r[f"{key}_hi"] * scale if is_number(r.get(f"{key}_hi")) else None,
                "fraction": fraction_text(r.get("fraction")), "trainable": r.get("trainable"),
                "colour": colours.get(r["regime"], REGIME_COLOURS[-1])} for r in rows]
     lines = []
@@ -266,7 +254,7 @@ def rank_shift(mt: pd.DataFrame, regs, colours: dict, fractions: dict | None = N
         lines.append({"method": m, "colour": colours.get(m, METHOD_COLOURS[0]), "pts": pts})
     kmax = math.ceil(max([p["y"] for ln in lines for p in ln["pts"] if p["y"] is not None] + [2]))
     n, gap, pad = len(regs), 13, 16
-    known = bool(regs) and all(ok((fractions or {}).get(r)) for r in regs)
+    known = bool(regs) and all(is_number((fractions or {}).get(r)) for r in regs)
     W = max(420 if known and n >= 5 else 280, 80 * (n - 1))  # on a log axis many regimes bunch: room
     xs, span = fraction_positions(regs, fractions, W)
     labels = top_labels(xs, W, 11)
@@ -349,7 +337,7 @@ def matrix_cells(R: list) -> dict:
     cells = []
     for i, row in enumerate(R or []):
         for j, v in enumerate(row or []):
-            v = v if ok(v) else None
+            v = v if is_number(v) else None
             a = 0.0 if v is None else max(0.0, min(1.0, v if v <= 1.5 else v / 100))
             cells.append({"i": i, "j": j, "v": v, "fill": sequential(a) if v is not None else "#e5e5e5",
                           "dark": a > 0.6})
@@ -381,8 +369,8 @@ def line_panel(series: list[dict], xs: list[float], ylo: float, yhi: float, *, x
 
     drawn = []
     for s in series:
-        pts = [p for p in s["pts"] if ok(p[1])]
-        band = [p for p in pts if ok(p[2]) and ok(p[3])]
+        pts = [p for p in s["pts"] if is_number(p[1])]
+        band = [p for p in pts if is_number(p[2]) and is_number(p[3])]
         poly = [(px(x), py(hi)) for x, _, _, hi in band] + [(px(x), py(lo)) for x, _, lo, _ in reversed(band)]
         drawn.append({"name": s["name"], "colour": s["colour"], "dash": s.get("dash", ""),
                       "line": " ".join(f"{px(x)},{py(y)}" for x, y, _, _ in pts),
@@ -396,7 +384,7 @@ def line_panel(series: list[dict], xs: list[float], ylo: float, yhi: float, *, x
             "width": math.ceil(L + W + right), "height": height, "xlabel": xlabel, "ylabel": ylabel,
             "xticks": [{"x": px(x), "label": xfmt(x)} for x in _x_ticks(xs)],
             "yticks": [{"y": py(y), "label": f"{y:g}"} for y in nice_ticks(ylo, yhi, 5)],
-            "vlines": [{**v, "x": px(v["at"])} for v in vlines or [] if ok(v.get("at")) and x0 <= v["at"] <= x1],
+            "vlines": [{**v, "x": px(v["at"])} for v in vlines or [] if is_number(v.get("at")) and x0 <= v["at"] <= x1],
             "legend": [{**e, "y": T + 10 + 14 * i} for i, e in enumerate(legend)]}
 
 
@@ -408,7 +396,7 @@ def _x_ticks(xs: list[float]) -> list[float]:
 
 def y_limits(values: list[float], floor: float | None = None, ceil: float | None = None) -> tuple[float, float]:
     """Padded y limits of values on round numbers, clipped to [floor, ceil] when given."""
-    v = [x for x in values if ok(x)]
+    v = [x for x in values if is_number(x)]
     if not v:
         return (0.0, 1.0)
     lo, hi = min(v), max(v)
@@ -442,7 +430,7 @@ def curve_panels(curves: pd.DataFrame, regs, colours: dict, scale: float) -> lis
         xs = sorted({float(t) for t in sub["task"]})
         panels.append({"regime": rg, **line_panel(series, xs, ylo, yhi, xlabel="after training task t",
                                                   ylabel="ACC on tasks 1..t" + (" %" if scale == 100 else ""),
-                                                  xfmt=lambda x: f"{x:.0f}")})
+                                                  xfmt=lambda x: num(x, 0))})
     return panels
 
 
@@ -471,7 +459,7 @@ def sweep_panel(sweep: Sweep, scale: float) -> dict:
             if name != xk and chosen is not None and abs(at - chosen) < 1e-6:
                 continue  # the same value as the chosen one: one line says both
             vlines.append({"at": at, "colour": colour, "dash": "" if name == xk else "4 3", "task": t, "mark": name,
-                           "name": f"{'chosen ' + xk if name == xk else name} = {at:.3f} (task {t})"})
+                           "name": f"{'chosen ' + xk if name == xk else name} = {num(at, 3)} (task {t})"})
         best = max(pts, key=lambda p: p[1]) if pts else (None, None)
         rows.append({"task": t, "n": task.n, "marks": marks, "best_x": best[0], "best_y": best[1]})
     ylo, yhi = y_limits(ys, 0.0, 100.0 if f == 100 else None)

@@ -27,8 +27,7 @@ from ..config.metrics import METRICS  # noqa: E402
 from ..config.text import terminal_safe  # noqa: E402
 from ..config.vocabulary import Status  # noqa: E402
 from .charts import spread, tick_percent  # noqa: E402
-from .formatting import p_eq  # noqa: E402
-from .site.filters import slug  # noqa: E402  (file names: readable prefix + hash, safe for any label)
+from .formatting import NOT_AVAILABLE, num, p_eq, slug  # noqa: E402  (slug: file names safe for any label)
 
 FORMATS = ("pdf", "png")
 # Fixed settings on top of matplotlib's defaults (a user's matplotlibrc must not change the files).
@@ -210,7 +209,7 @@ def tau_heatmap(tables: AnalysisResult, ds) -> Figure | None:
             i, j = pos[r.regime_a], pos[r.regime_b]
             grid[i, j] = r.tau
             p = "" if i == j else f"\np {p_eq(r.p)}"
-            label = "n/a" if math.isnan(r.tau) else f"τ={r.tau:.2f}"
+            label = NOT_AVAILABLE if math.isnan(r.tau) else f"τ={num(r.tau, 2)}"
             ax.text(j, i, f"{label}{p}\nn={int(r.n_methods)}", ha="center", va="center", fontsize=6,
                     color="white" if abs(np.nan_to_num(r.tau)) > 0.6 else "black")
     image = ax.imshow(np.ma.masked_invalid(grid), vmin=-1, vmax=1, cmap="RdBu")
@@ -256,7 +255,7 @@ def _corr_title(tables: AnalysisResult, ds, rg) -> str:
     nf = tables.norm_forgetting
     row = nf[(nf["dataset"] == ds) & (nf["regime"] == rg)]
     rho = float(row["rho"].iloc[0]) if len(row) else math.nan
-    return text(rg) + ("" if math.isnan(rho) else f" (ρ={rho:.2f})")
+    return text(rg) + ("" if math.isnan(rho) else f" (ρ={num(rho, 2)})")
 
 
 def _method_legend(fig: Figure, style: dict) -> None:

@@ -4,24 +4,27 @@ One spelling per quantity wherever it appears:
 - a missing number is an em dash (LaTeX writes `---`, which typesets as one);
 - a p-value in a cell is "< 0.001" below 0.001, else three decimals; after a "p" in running
   text (tooltips, figure cells) it reads "p < 0.001", "p = 0.123" or "p n/a";
+- a trainable fraction is a percent with two significant digits (`fraction_text`);
 - a metric is a percent with DIGITS decimals (`percent`), with its CI as "mean ± half-width";
   LaTeX writes the ± as `$\\pm$` (its text fonts have no ± glyph), everything else as ±.
-- "best per regime" is decided as printed (`best_as_printed`).
+- the Bayesian comparison's region of practical equivalence reads "ROPE 0.5 ACC points" (`rope_text`);
+- "best per regime" is decided as printed (`best_as_printed`);
+- a label in a file name, anchor or LaTeX label is its `slug` (readable prefix + hash).
 """
 from __future__ import annotations
 
+import hashlib
 import math
+import re
 from collections.abc import Hashable, Mapping
 
+from ..config.numbers import is_number
+
 MISSING = "—"
+NOT_AVAILABLE = "n/a"  # a statistic that cannot be computed (one method, no pairs): not a missing value
 TEX_MISSING = "---"  # LaTeX typesets it as an em dash; its text fonts may lack the glyph
 DIGITS = 1  # one decimal of a percent: task orders rarely resolve finer differences
 P_FLOOR = 0.001  # smaller p-values print as "< 0.001": their digits are noise at these sample sizes
-
-
-def is_number(x) -> bool:
-    """A finite real number (not a bool)."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def num(x, digits: int = 3, missing: str = MISSING) -> str:
@@ -34,10 +37,29 @@ def percent(x, scale: float = 100.0, digits: int = DIGITS) -> str:
     return num(x * scale if is_number(x) else x, digits)
 
 
+def half_width(lo, hi, scale: float = 1.0) -> float | None:
+    """Half the width of the CI [lo, hi] (times scale): the "± half" of a mean; None if a bound is missing."""
+    return (hi - lo) / 2 * scale if is_number(lo) and is_number(hi) else None
+
+
+def rope_text(points: float) -> str:
+    """The region of practical equivalence as the outputs name it: "ROPE 1 ACC point", "ROPE 0.5 ACC points"."""
+    return f"ROPE {points:g} ACC point{'' if points == 1 else 's'}"
+
+
 def mean_ci(mean, half, digits: int = DIGITS, tex: bool = False) -> str:
     """A mean with its CI as "mean ± half" (half: half the CI's width), both on the printed scale."""
     pm, missing = (r"$\pm$", TEX_MISSING) if tex else ("±", MISSING)
     return f"{num(mean, digits, missing)} {pm} {num(half, digits, missing)}"
+
+
+def fraction_text(f) -> str:
+    """A trainable fraction as a percent with two significant digits (100%, 5.0%, 0.12%); MISSING if unknown."""
+    if not is_number(f):
+        return MISSING
+    p = f * 100
+    digits = 0 if p <= 0 else max(0, 1 - math.floor(math.log10(p)))
+    return f"{num(p, digits)}%"
 
 
 def p_text(p) -> str:
@@ -50,7 +72,7 @@ def p_text(p) -> str:
 def p_eq(p) -> str:
     """A p-value after a "p": "< 0.001", "= 0.123", or "n/a" when there is none."""
     if not is_number(p):
-        return "n/a"
+        return NOT_AVAILABLE
     return p_text(p) if p < P_FLOOR else f"= {p_text(p)}"
 
 
@@ -67,3 +89,9 @@ def best_as_printed(values: Mapping[Hashable, float], higher_is_better: bool,
         return frozenset()
     top = max(printed.values()) if higher_is_better else min(printed.values())
     return frozenset(k for k, v in printed.items() if v == top)
+
+
+def slug(name: str) -> str:
+    """File-name-safe, collision-free slug of any string (readable prefix + short hash)."""
+    base = re.sub(r"[^A-Za-z0-9]+", "-", str(name)).strip("-").lower()[:40] or "x"
+    return f"{base}-{hashlib.sha1(str(name).encode()).hexdigest()[:6]}"

@@ -18,8 +18,7 @@ from ..analysis.frame import FLAG, percent_scale, regime_order
 from ..analysis.result import AnalysisResult, AnalysisSettings
 from ..config.metrics import METRICS
 from ..config.text import terminal_safe
-from .formatting import MISSING, TEX_MISSING, best_as_printed, mean_ci
-from .site.filters import slug  # label keys: letters, digits, '-' and a hash, so no two datasets share one
+from .formatting import MISSING, TEX_MISSING, best_as_printed, half_width, mean_ci, rope_text, slug
 
 CREDIBLE_METRIC = "acc"  # the Bayesian comparison (AnalysisResult.bayes) is over ACC
 MD_CREDIBLE, TEX_CREDIBLE = "‡", r"\ddag"
@@ -31,7 +30,7 @@ class Cell:
     """One table cell: mean and CI half-width (percent), flagged runs, best and credibly-best marks."""
 
     mean: float
-    half: float
+    half: float | None  # None when a CI bound is missing
     n_flagged: int = 0
     best: bool = False
     credible: bool = False
@@ -72,8 +71,8 @@ def _grid(sub: pd.DataFrame, runs: pd.DataFrame, ds, metric: str, order, scale: 
     for r in sub.itertuples(index=False):
         mean = getattr(r, metric)
         if not math.isnan(mean):
-            half = (getattr(r, f"{metric}_hi") - getattr(r, f"{metric}_lo")) / 2
-            cells[(r.method, r.regime)] = Cell(mean * scale, half * scale, int(r.n_flagged))
+            half = half_width(getattr(r, f"{metric}_lo"), getattr(r, f"{metric}_hi"), scale)
+            cells[(r.method, r.regime)] = Cell(mean * scale, half, int(r.n_flagged))
     cells = _mark_best(cells, regimes, METRICS[metric].higher_is_better)
     if metric == CREDIBLE_METRIC:
         cells = _mark_credible(cells, regimes, bayes[bayes["dataset"] == ds])
@@ -125,9 +124,8 @@ def _decided_for(rows: pd.DataFrame, best, runner) -> bool:
 
 def _credible_note(settings: AnalysisSettings) -> str:
     """'Bayesian signed-rank test ..., ROPE r ACC points, P >= level', with the analysis' settings."""
-    rope = settings.rope_points
-    return (f"Bayesian signed-rank test over paired task orders, ROPE {rope:g} ACC point{'' if rope == 1 else 's'}"
-            f", P ≥ {settings.credible:g}")
+    return (f"Bayesian signed-rank test over paired task orders, {rope_text(settings.rope_points)}, "
+            f"P ≥ {settings.credible:g}")
 
 
 def _caption(g: Grid) -> str:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sys
 import time
 from pathlib import Path
 
+from ..config.numbers import is_number
 from ..config.specs import RunRecord
 
 KIND_TAG = "cl_bench.kind"          # "sweep" (parent) or "run" (child)
@@ -45,29 +45,25 @@ def flatten_spec(spec: dict, prefix: str = "") -> dict:
     return out
 
 
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def record_metrics(record: RunRecord) -> list[tuple[str, float, int]]:
     """(key, value, step) triples: summary metrics, accuracies and update norms per task."""
-    out = [(k, float(v), 0) for k, v in (record.metrics or {}).items() if _finite(v)]
+    out = [(k, float(v), 0) for k, v in (record.metrics or {}).items() if is_number(v)]
     for i, row in enumerate(record.acc_matrix or []):
-        seen = [a for a in row[:i + 1] if _finite(a)]
+        seen = [a for a in row[:i + 1] if is_number(a)]
         if seen:
             out.append(("acc_after_task", sum(seen) / len(seen), i))
-        out += [(f"acc_task.{j}", float(a), i) for j, a in enumerate(row) if _finite(a)]
+        out += [(f"acc_task.{j}", float(a), i) for j, a in enumerate(row) if is_number(a)]
     norms = record.update_norms or {}
     series = {"update_norm": norms.get("shared"), "update_norm_relative": norms.get("relative"),
               "step_forgetting": norms.get("step_forgetting"),
               **{f"update_norm.{b}": v for b, v in (norms.get("per_block") or {}).items()}}
     for key, values in series.items():
-        out += [(key, float(v), t) for t, v in enumerate(values or []) if _finite(v)]
-    if _finite(norms.get("drift")):
+        out += [(key, float(v), t) for t, v in enumerate(values or []) if is_number(v)]
+    if is_number(norms.get("drift")):
         out.append(("drift", float(norms["drift"]), 0))
     extra = {"total_s": (record.timings or {}).get("total_s"),
              "trainable_params": (record.params or {}).get("trainable")}
-    out += [(k, float(v), 0) for k, v in extra.items() if _finite(v)]
+    out += [(k, float(v), 0) for k, v in extra.items() if is_number(v)]
     return out
 
 
@@ -204,7 +200,7 @@ class SweepTracker:
             self.complete.discard(run_id)
         end = int(time.time() * 1000)
         total = (record.timings or {}).get("total_s")
-        start = end - int(1000 * total) if _finite(total) else end
+        start = end - int(1000 * total) if is_number(total) else end
         tags = {**record_tags(record), "mlflow.parentRunId": self.parent}
         run = client.create_run(self.exp_id, start_time=start, tags=tags, run_name=run_name(record))
         child = run.info.run_id

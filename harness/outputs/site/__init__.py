@@ -17,12 +17,12 @@ from ...analysis.tables import analyse
 from ...config.specs import RunRecord
 from ...config.vocabulary import WARNINGS
 from .. import charts
+from ..formatting import rope_text, slug
 from . import dataset, method, overview, run
-from .filters import slug
 from .templates import assets, environment
 from .writer import SiteWriter
 
-__all__ = ["build_site", "site_summary_line", "slug"]  # slug: how a page's file is named after its subject
+__all__ = ["build_site", "slug"]  # slug: how a page's file is named after its subject
 
 
 def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | None = None,
@@ -34,7 +34,7 @@ def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | No
     comparisons, in ACC points.
     """
     tables = analyse(records, include_flagged=include_flagged, rope=rope)
-    base = _base(tables, records, results_dir=results_dir, include_flagged=include_flagged, rope=rope)
+    base = _base(tables, records, results_dir=results_dir, include_flagged=include_flagged)
     infos = method.method_infos()
     # on leaving the block: files of the previous build this one did not write are pruned
     with SiteWriter(Path(out_dir), environment(), base) as w:
@@ -58,7 +58,9 @@ def _base(t: AnalysisResult, records: list[RunRecord], **settings) -> dict:
             "regime_colour": colours, "regime_info": _regime_info(t), "assets": assets(colours),
             "method_colour": {m: charts.METHOD_COLOURS[i % len(charts.METHOD_COLOURS)] for i, m in enumerate(methods)},
             "datasets": sorted(frame["dataset"].unique()), "methods": methods, "flag": FLAG,
-            "warning_text": WARNINGS, "scenarios": sorted({r.spec.scenario for r in records}), **settings}
+            "warning_text": WARNINGS, "scenarios": sorted({r.spec.scenario for r in records}),
+            # the Bayesian comparison's settings, as the analysis used them: "ROPE 1 ACC point", the credible level
+            "rope_text": rope_text(t.settings.rope_points), "credible_level": t.settings.credible, **settings}
 
 
 def _protocol(records) -> dict:
@@ -78,11 +80,3 @@ def _regime_info(t: AnalysisResult) -> dict[str, dict]:
                    "trainable": charts.clean(float(sub["trainable"].median())), "per_dataset": per,
                    "same": len({(r["fraction"], r["trainable"]) for r in per}) <= 1}
     return out
-
-
-def site_summary_line(path) -> str:
-    """One line for the terminal: where the site is and how many pages it has."""
-    p = Path(path)
-    index = p / "index.html" if p.is_dir() else p
-    n = sum(1 for _ in index.parent.rglob("*.html"))
-    return f"leaderboard: {index.resolve()} ({n} pages; open it in a browser, no server needed)"

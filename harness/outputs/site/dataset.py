@@ -10,12 +10,12 @@ from ...analysis.families import families_in
 from ...analysis.power import wilcoxon_decides
 from ...analysis.result import AnalysisResult
 from ...config.metrics import METRICS
+from ...config.numbers import is_number
 from ...config.vocabulary import FAMILY_DESCRIPTIONS
 from .. import charts
-from ..charts import ok, records_of
-from ..formatting import best_as_printed
+from ..charts import records_of
+from ..formatting import best_as_printed, half_width, slug
 from . import sections
-from .filters import slug
 from .writer import SiteWriter
 
 # (link text, table): every per-dataset download, cut to the page's data set
@@ -108,8 +108,7 @@ def _grid_cell(r: dict | None, best: bool) -> dict | None:
     """One grid cell: the metric row plus whether it holds the column's best mean ACC (as printed)."""
     if r is None:
         return None
-    half = (r["acc_hi"] - r["acc_lo"]) / 2 if r["acc_hi"] is not None and r["acc_lo"] is not None else None
-    return {**r, "half": half, "best": best}
+    return {**r, "half": half_width(r["acc_lo"], r["acc_hi"]), "best": best}
 
 
 def _bayes_matrices(bayes: pd.DataFrame, regs) -> list[dict]:
@@ -127,8 +126,8 @@ def _bayes_matrices(bayes: pd.DataFrame, regs) -> list[dict]:
                                                     "decision": win, "diff": r["diff"], "n": r["n_blocks"]}
             flip = {"row": "col", "col": "row"}.get(win, win)
             cell[(r["method_2"], r["method_1"])] = {"better": r["p_2"], "equal": r["p_rope"], "worse": r["p_1"],
-                                                    "decision": flip, "diff": -r["diff"] if ok(r["diff"]) else None,
-                                                    "n": r["n_blocks"]}
+                                                    "decision": flip, "n": r["n_blocks"],
+                                                    "diff": -r["diff"] if is_number(r["diff"]) else None}
         decided = [r for r in sub if r["decision"] in ("method_1", "method_2", "equal")]
         out.append({"regime": rg, "methods": methods, "cell": {f"{a}\x00{b}": v for (a, b), v in cell.items()},
                     "decided": decided, "n_pairs": len(sub), "rope": sub[0]["rope"]})

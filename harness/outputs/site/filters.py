@@ -4,34 +4,31 @@ Pure functions of one value each; `FILTERS` is what templates.environment() regi
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 
-from ...config.vocabulary import WARNINGS
-from ..charts import fraction_text, ok as _ok
-from ..formatting import num, p_eq, p_text, percent
-
-
-def slug(name: str) -> str:
-    """File-name-safe, collision-free slug of any string (readable prefix + short hash)."""
-    base = re.sub(r"[^A-Za-z0-9]+", "-", str(name)).strip("-").lower()[:40] or "x"
-    return f"{base}-{hashlib.sha1(str(name).encode()).hexdigest()[:6]}"
+from ...config.numbers import is_number
+from ...config.vocabulary import WARNINGS, Status
+from ..formatting import MISSING, fraction_text, num, p_eq, p_text, percent, slug
 
 
 def value(x, digits: int = 4) -> str:
     """A diagnostic value: whole numbers as integers (memory dimensions, epochs), others fixed-point."""
-    return str(int(x)) if _ok(x) and float(x).is_integer() and abs(x) < 1e15 else num(x, digits)
+    return str(int(x)) if is_number(x) and float(x).is_integer() and abs(x) < 1e15 else num(x, digits)
 
 
 def listing(values) -> str:
     """Distinct values joined by " · " (one value: just it)."""
-    return " · ".join(str(v) for v in values) if values else "—"
+    return " · ".join(str(v) for v in values) if values else MISSING
 
 
 def thousands(x) -> str:
     """A whole number with thousands separators (1,234), or an em dash for missing values."""
-    return f"{round(x):,}" if _ok(x) else "—"
+    return f"{round(x):,}" if is_number(x) else MISSING
+
+
+def status_class(status) -> str:
+    """The CSS class of a run status: "ok" for a run that finished, "bad" for any other."""
+    return "ok" if status == Status.OK else "bad"
 
 
 def flag_title(codes: str) -> str:
@@ -46,5 +43,5 @@ def flag_title(codes: str) -> str:
 FILTERS = {"num": num, "pct": percent, "slug": slug,
            "tojson_compact": lambda v: json.dumps(v, default=str),
            "tojson_pretty": lambda v: json.dumps(v, indent=1, default=str),
-           "thousands": thousands, "flag_title": flag_title, "p": p_text, "p_eq": p_eq,
+           "thousands": thousands, "flag_title": flag_title, "status_class": status_class, "p": p_text, "p_eq": p_eq,
            "prob": lambda x: num(x, 3), "listing": listing, "val": value, "frac": fraction_text}

@@ -8,7 +8,7 @@ from ...analysis.diagnostics import Sweep, diagnostic_means, sweeps
 from ...analysis.result import AnalysisResult
 from .. import charts
 from ..charts import records_of
-from .filters import slug
+from ..formatting import slug
 from .writer import SiteWriter
 
 RUN_COLUMNS = ["run_id", "dataset", "regime", "order", "seed", "status", "acc", "forgetting", "optimizer_steps",

@@ -5,12 +5,12 @@ import json
 from pathlib import Path
 
 from ...analysis.diagnostics import named_series, series, sweeps
+from ...config.numbers import is_number
 from ...config.specs import RunRecord
 from ...config.vocabulary import WARNINGS
 from ...execution.reproduce import reproduce_command
 from .. import charts
-from ..charts import ok
-from .filters import slug
+from ..formatting import num, slug
 from .method import sweep_panels
 from .writer import SiteWriter
 
@@ -57,10 +57,10 @@ def _timings(timings: dict) -> list[tuple[str, str]]:
     """Timings as (name, text): seconds to 2 decimals, per-task lists joined."""
     out = []
     for k, v in timings.items():
-        if ok(v):
-            out.append((k, f"{v:.2f}"))
+        if is_number(v):
+            out.append((k, num(v, 2)))
         elif isinstance(v, list):
-            out.append((k, ", ".join(f"{x:.2f}" if ok(x) else "—" for x in v)))
+            out.append((k, ", ".join(num(x, 2) for x in v)))
         else:
             out.append((k, json.dumps(v, default=str)))
     return out
@@ -81,7 +81,7 @@ def _provenance(prov: dict) -> list[dict]:
 
 def _warning_rows(warnings: list) -> list[dict]:
     """A record's warnings with 1-based task numbers and each code's meaning."""
-    return [{"task": w["task"] + 1 if ok(w.get("task")) else None, "code": str(w.get("code", "")),
+    return [{"task": w["task"] + 1 if is_number(w.get("task")) else None, "code": str(w.get("code", "")),
              "meaning": WARNINGS.get(w.get("code"), ""), "message": str(w.get("message", ""))}
             for w in warnings or [] if isinstance(w, dict)]
 

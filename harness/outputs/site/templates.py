@@ -14,7 +14,9 @@ from markupsafe import Markup
 
 from ...config.metrics import METRICS
 from ...config.resources import static_dir, templates_dir
-from .filters import FILTERS, slug
+from ...config.vocabulary import Scenario, Status
+from ..formatting import half_width, slug
+from .filters import FILTERS
 
 TEMPLATES = templates_dir()
 STATIC = static_dir()
@@ -28,6 +30,8 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined)
     env.filters.update(FILTERS)
     env.globals["metrics"] = METRICS  # labels and directions of the metric table
+    env.globals.update(Status=Status, Scenario=Scenario)  # templates decide by the vocabulary, not by strings
+    env.globals["half_width"] = half_width  # the "± half" of a CI, as the report computes it
     return env
 
 
