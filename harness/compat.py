@@ -7,10 +7,10 @@
   their category), so that `-W error` runs (and users' logs) only show warnings that matter.
   SI's NumPy `__array_wrap__` DeprecationWarning becomes a TypeError under `-W error`: silenced here.
 - Start-up: `import avalanche` imports all of its packages, and with them libraries no run uses
-  (wandb, qpsolvers/jax, torchmetrics/transformers, torchvision's models and ops/torch._dynamo).
-  Those modules are *deferred*: importing one creates its module object (name, spec, path) but
-  runs its body only on the first access to anything else, so the code that uses them still works
-  and pays for the import then. `CL_BENCH_FULL_IMPORTS=1` switches the deferral off.
+  (wandb; qpsolvers, which imports jax). Those modules are *deferred*: importing one creates its
+  module object (name, spec, path) but runs its body only on the first access to anything else
+  (or the import of a submodule), so the code that uses them still works and pays for it then.
+  `CL_BENCH_FULL_IMPORTS=1` switches the deferral off.
 """
 from __future__ import annotations
 
@@ -50,9 +50,11 @@ def silence_known_warnings() -> None:
 DEFERRED = (
     "wandb",  # avalanche.evaluation.metrics.confusion_matrix: `import wandb`
     "qpsolvers",  # avalanche.training.plugins.gem: `import qpsolvers` (pulls jax); used by GEM's solve
-    "torchvision.models",  # torchvision/__init__ (Avalanche only needs torchvision.transforms)
-    "torchvision.ops",  # torchvision/__init__; imports torch._dynamo
 )
+# Not deferrable this way (measured): torchmetrics (topk_acc does `from torchmetrics.functional import
+# accuracy`, whose package imports transformers), torchvision.models/ops and torch._dynamo
+# (avalanche.benchmarks.classic.ex_model imports torchvision.models by name): Avalanche's packages
+# star-import every submodule, which touches every name.
 
 
 class _DeferredModule(types.ModuleType):
