@@ -7,7 +7,9 @@ python benchmarks/startup.py [--repeats 5] [--skip-cli] [--skip-check] [--skip-s
    registry, i.e. torch and Avalanche), so a busy machine slows all of them alike. Also says
    whether the shipped built-in method index (harness/api/_index.json) is fresh.
 2. `cl-bench check submissions/l2_anchor.py` next to the import floor it cannot go below
-   (`import harness.run.engine`: torch + Avalanche + the harness).
+   (`import harness.run.engine`: torch + Avalanche + the harness) and to bare python; and that
+   floor with harness.compat's deferred imports next to the same import with them switched off
+   (CL_BENCH_FULL_IMPORTS=1).
 3. Time to first record of a 10-run grid (digits, mlp, head/full x naive x 5 orders, 1 epoch)
    through the real CLI (`--no-mlflow --no-leaderboard`), at --jobs 1 (inline) and --jobs 2
    with worker processes forked from the preloaded server (the default) and with spawned
@@ -40,9 +42,9 @@ COMMANDS = {
 }
 
 
-def _runner(argv):
+def _runner(argv, **env):
     def run():
-        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, **env))
     return run
 
 
@@ -77,11 +79,17 @@ def cli_startup(repeats: int) -> None:
 
 
 def check_time(repeats: int) -> None:
-    """`cl-bench check` of a submission next to the stack's import time."""
-    fns = {"import harness.run.engine": _runner([PY, "-c", "import harness.compat, harness.run.engine"]),
+    """`cl-bench check` of a submission next to the stack's import time, with and without deferral."""
+    stack = [PY, "-c", "import harness.compat, harness.run.engine"]
+    fns = {"python -c pass": _runner(COMMANDS["python -c pass"]),
+           "import stack, deferred": _runner(stack),
+           "import stack, full": _runner(stack, CL_BENCH_FULL_IMPORTS="1"),
            "cl-bench check l2_anchor.py": _runner([*CLI, "check", "submissions/l2_anchor.py"])}
     result = C.side_by_side(fns, repeats=repeats, warmup=1)
-    print(C.ratio_line("check / import floor", result, "cl-bench check l2_anchor.py", "import harness.run.engine"))
+    print(f"`cl-bench check` and the import floor (median of {repeats}); {C.load_avg()}")
+    print(C.ratio_line("import: deferred / full", result, "import stack, deferred", "import stack, full"))
+    print(C.ratio_line("check / import floor", result, "cl-bench check l2_anchor.py", "import stack, deferred"))
+    print(C.ratio_line("check / python -c pass", result, "cl-bench check l2_anchor.py", "python -c pass"))
 
 
 def first_record(jobs: int, start_method: str | None, folder: Path) -> tuple[float, float]:

@@ -6,11 +6,20 @@
 - Known, harmless warnings of the stack are silenced by the start of their exact message (and
   their category), so that `-W error` runs (and users' logs) only show warnings that matter.
   SI's NumPy `__array_wrap__` DeprecationWarning becomes a TypeError under `-W error`: silenced here.
+- Start-up: `import avalanche` imports all of its packages, and with them libraries no run uses
+  (wandb; qpsolvers, which imports jax). Those modules are *deferred*: importing one creates its
+  module object (name, spec, path) but runs its body only on the first access to anything else
+  (or the import of a submodule), so the code that uses them still works and pays for it then.
+  `CL_BENCH_FULL_IMPORTS=1` switches the deferral off.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 import tempfile
+import types
 import warnings
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -35,6 +44,95 @@ def silence_known_warnings() -> None:
         warnings.filterwarnings("ignore", message=message, category=category)
 
 
+# Heavy modules that `import avalanche` pulls in but no run calls; each is deferred (see above).
+# Only modules that their importers bind whole (`import x`, `from pkg import x`) gain anything:
+# `from x import name` and importing a submodule `x.y` run x's body at once.
+DEFERRED = (
+    "wandb",  # avalanche.evaluation.metrics.confusion_matrix: `import wandb`
+    "qpsolvers",  # avalanche.training.plugins.gem: `import qpsolvers` (pulls jax); used by GEM's solve
+)
+# Not deferrable this way (measured): torchmetrics (topk_acc does `from torchmetrics.functional import
+# accuracy`, whose package imports transformers), torchvision.models/ops and torch._dynamo
+# (avalanche.benchmarks.classic.ex_model imports torchvision.models by name): Avalanche's packages
+# star-import every submodule, which touches every name.
+
+
+class _DeferredModule(types.ModuleType):
+    """A module whose body runs on the first access to an attribute it does not have yet."""
+
+    def __getattr__(self, name: str):
+        _load(self)
+        return getattr(self, name)
+
+
+def _load(module: types.ModuleType) -> None:
+    loader = module.__spec__.loader.real
+    module.__class__ = types.ModuleType  # from now on an ordinary module
+    module.__spec__.loader = module.__loader__ = loader
+    loader.exec_module(module)
+
+
+class _DeferringLoader(importlib.abc.Loader):
+    def __init__(self, real: importlib.abc.Loader):
+        self.real = real
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__class__ = _DeferredModule
+
+
+class _LoadedLoader(importlib.abc.Loader):
+    """Hands back a module that loading its deferred parent has already imported."""
+
+    def __init__(self, module: types.ModuleType):
+        self.module = module
+
+    def create_module(self, spec):
+        return self.module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        pass
+
+
+class _DeferringFinder(importlib.abc.MetaPathFinder):
+    """Defers the modules in DEFERRED; runs a deferred package's body before any submodule's."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = frozenset(names)
+
+    def find_spec(self, fullname, path, target=None):
+        parent = sys.modules.get(fullname.rpartition(".")[0])
+        if isinstance(parent, _DeferredModule):
+            _load(parent)  # a submodule may rely on its package's body, as without deferral
+            if fullname in sys.modules:  # the package's body imported it
+                module = sys.modules[fullname]
+                return importlib.util.spec_from_loader(fullname, _LoadedLoader(module))
+            return None
+        if fullname not in self.names:
+            return None
+        spec = self._real_spec(fullname, path, target)
+        if spec is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _DeferringLoader(spec.loader)
+        return spec
+
+    def _real_spec(self, fullname, path, target):
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    return spec
+        return None
+
+
+def install_deferral() -> None:
+    """Defer the heavy modules in DEFERRED (once; not when CL_BENCH_FULL_IMPORTS=1)."""
+    if os.environ.get("CL_BENCH_FULL_IMPORTS", "") in ("", "0") and not any(
+            isinstance(f, _DeferringFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DeferringFinder(DEFERRED))
+
+
 def _ensure_avalanche_home() -> None:
     root = os.path.expanduser("~/.avalanche")
     try:
@@ -49,8 +147,6 @@ def _ensure_avalanche_home() -> None:
 def _tame_avalanche_deprecations() -> None:
     # Avalanche's @deprecated calls warnings.simplefilter("once") on every call, which
     # overrides any filter we install; give that module a warnings shim without it.
-    import types
-
     import avalanche._annotations as annotations
 
     annotations.warnings = types.SimpleNamespace(
@@ -58,5 +154,6 @@ def _tame_avalanche_deprecations() -> None:
 
 
 silence_known_warnings()
+install_deferral()
 _ensure_avalanche_home()
 _tame_avalanche_deprecations()
