@@ -11,33 +11,33 @@ imports no torch: each service imports what it needs when it runs.
 from __future__ import annotations
 
 from .catalog import (
-                      Section,
-                      check,
-                      list_sections as list,  # noqa: A004  (the service of `cl-bench list`)
+    Section,
+    check,
+    list_sections as list,  # noqa: A004  (the service of `cl-bench list`)
 )
 from .records import (
-                      ExportOutcome,
-                      FiguresOutcome,
-                      LeaderboardOutcome,
-                      ReportOutcome,
-                      build_leaderboard,
-                      export,
-                      figures,
-                      leaderboard,
-                      paper_records,
-                      print_summary,
-                      report,
+    ExportOutcome,
+    FiguresOutcome,
+    LeaderboardOutcome,
+    ReportOutcome,
+    build_leaderboard,
+    export,
+    figures,
+    leaderboard,
+    paper_records,
+    print_summary,
+    report,
 )
 from .requests import (
-                      CheckRequest,
-                      ExportRequest,
-                      FiguresRequest,
-                      LeaderboardRequest,
-                      ListRequest,
-                      ReportRequest,
-                      ReproduceRequest,
-                      SubmitRequest,
-                      SweepRequest,
+    CheckRequest,
+    ExportRequest,
+    FiguresRequest,
+    LeaderboardRequest,
+    ListRequest,
+    ReportRequest,
+    ReproduceRequest,
+    SubmitRequest,
+    SweepRequest,
 )
 from .sweeps import SubmitOutcome, SweepOutcome, format_plan, reproduce, run, submit
 
