@@ -18,7 +18,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..config.files import file_sha256, write_atomic
+from ..config.files import write_atomic
 from ..config.paths import cache_dir, submission_files
 from ..config.vocabulary import ENTRY_POINT_GROUP
 
@@ -94,17 +94,15 @@ def _remember(key: str, metas: list[dict]) -> None:
 
 
 def _file_metas(path: Path, fingerprint: str) -> list[dict]:
-    try:
-        key = f"file:{file_sha256(path)}:{fingerprint}:{path}"
-    except OSError:
-        key = None
-    cached = _user_cache().get(key) if key else None
+    from .codefile import code_sha256
+
+    # code_sha256 refuses what load_module_file refuses (no .py, a FIFO, a folder) without opening it
+    key = f"file:{code_sha256(path)}:{fingerprint}:{path}"
+    cached = _user_cache().get(key)
     if cached is not None:
         return cached
-    from .registry import RegistryError, adapters_from_module, load_module_file
+    from .registry import adapters_from_module, load_module_file
 
-    if not path.is_file():
-        raise RegistryError(f"{path}: no such method file")
     metas = [_meta(a) for a in adapters_from_module(load_module_file(path), str(path))]
     _remember(key, metas)
     return metas

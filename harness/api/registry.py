@@ -9,6 +9,7 @@ name (protocol, engine, worker) finds them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -22,6 +23,7 @@ from ..config.files import file_sha256
 from ..config.paths import submission_files, submissions_dir
 from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, PLUGIN_GROUPS, Family
 from . import plugins
+from .codefile import code_bytes
 from .contract import MethodAdapter
 
 METHODS_PACKAGE = "harness.methods"  # one module per built-in method family, nothing else
@@ -116,18 +118,23 @@ def _check_signature(build, defaults: dict, name: str, source: str) -> None:
 
 
 def load_module_file(path: str | Path):
-    """Import a Python file as a private module; import errors name the file."""
+    """Import a Python file as a private module: the ONE place cl-bench runs code from a file.
+
+    Callers pass only paths the user named (a `--method`/`--plugin` flag, `check`/`submit`'s FILE,
+    a protocol's `plugins:`, the submissions folder), never a path read from a record or a results
+    folder. The bytes checked by `code_bytes` are the bytes that run (no second read, no .pyc
+    written next to the file); import errors name the file.
+    """
     path = Path(path)
-    if not path.is_file():
-        raise RegistryError(f"{path}: no such method file")
-    digest = file_sha256(path)[:12]
+    source = code_bytes(path)
+    digest = hashlib.sha256(source).hexdigest()[:12]
     mod_name = f"cl_bench_submission_{path.stem.replace('-', '_')}_{digest}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
     spec = importlib.util.spec_from_file_location(mod_name, path)
     module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        exec(compile(source, str(path), "exec", dont_inherit=True), module.__dict__)
     except SyntaxError as exc:
         raise RegistryError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
     except Exception as exc:  # the module's own import-time failure

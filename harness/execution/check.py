@@ -83,6 +83,8 @@ LOAD_FIXES = (
     ("import failed", "make the module importable on its own: module-level code must not fail; "
                       "import optional or heavy packages inside build()"),
     ("no such method file", "give the path of an existing .py file"),
+    ("not a Python file", "give the path of a .py file"),
+    ("allowed: a regular .py", "give the path of a regular .py file (not a folder, FIFO or device)"),
 )
 
 

@@ -23,6 +23,10 @@ class Section:
 def list_sections(req: ListRequest) -> tuple[Section, ...]:
     """The sections `req.what` asks for (every one for "all"), in order."""
     names = LIST_SECTIONS if req.what == "all" else (req.what,)
+    from ..api.codefile import code_bytes
+
+    for path in (*req.method_files, *req.plugin_files):  # a bad file fails before a section is printed
+        code_bytes(path)
     if req.plugin_files:  # registering adds their names to the vocabulary the sections read (imports torch)
         from ..api.registry import get_registry
 

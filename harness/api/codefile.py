@@ -1,0 +1,54 @@
+"""Reading a method or plug-in file's bytes: what is refused before it is opened (torch-free).
+
+`registry.load_module_file`, the one place a file's code runs, executes exactly the bytes
+`code_bytes` returns; `code_sha256` lets a caller check a file against a recorded hash (or key a
+cache) without importing it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+from ..config.errors import RegistryError
+
+MAX_CODE_BYTES = 16 << 20  # a method or plug-in file; anything larger is not one
+
+
+def code_bytes(path: str | Path) -> bytes:
+    """The bytes of a method or plug-in file; a name without `.py` or a FIFO, device, folder or other
+    non-regular file is refused before it is opened (opening a FIFO would hang)."""
+    path = Path(path)
+    if path.suffix != ".py":
+        raise RegistryError(f"{path}: not a Python file; allowed: the path of a .py method or plug-in file")
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise RegistryError(f"{path}: no such method file") from None
+    except OSError as exc:
+        raise RegistryError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    _refuse_irregular(path, info)
+    try:  # O_NONBLOCK: a file swapped for a FIFO after the stat must not hang the open either
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as fh:
+            _refuse_irregular(path, os.fstat(fh.fileno()))
+            return fh.read(MAX_CODE_BYTES + 1)
+    except OSError as exc:
+        raise RegistryError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def code_sha256(path: str | Path) -> str:
+    """Hex sha256 of a method or plug-in file, read as `load_module_file` reads it (nothing is imported)."""
+    return hashlib.sha256(code_bytes(path)).hexdigest()
+
+
+def _refuse_irregular(path: Path, info: os.stat_result) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+        kind = next((k for test, k in kinds if test(info.st_mode)), "not a regular file")
+        raise RegistryError(f"{path}: is {kind}; allowed: a regular .py method or plug-in file")
+    if info.st_size > MAX_CODE_BYTES:
+        raise RegistryError(f"{path}: {info.st_size:,} bytes; allowed: a method or plug-in file of at most "
+                            f"{MAX_CODE_BYTES:,} bytes")
