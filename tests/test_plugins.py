@@ -383,5 +383,5 @@ def test_a_plugin_record_reproduces_bitwise(tmp_path, cli):
                "--no-leaderboard", "--no-progress", "--plugin", str(EXAMPLES / "kernels.py"))[0] == 0
     (run_id,) = [p.stem for p in (tmp_path / "res" / "plug" / "runs").glob("*.json")]
     registry._CACHE.clear()
-    code, out, _ = cli("reproduce", run_id, "--results", results)
+    code, out, _ = cli("reproduce", run_id, "--results", results, "--plugin", str(EXAMPLES / "kernels.py"))
     assert code == 0 and "reproduced: bitwise equal" in out

@@ -291,7 +291,9 @@ def _add_check(sub, fmt) -> None:
 REPRODUCE_EXAMPLES = """examples:
   cl-bench reproduce 3f2a9c1b7d04                     # a record under results/
   cl-bench reproduce 3f2a9c1b7d04 --results out/ --out rerun/
-exit code: 0 when the rerun equals the record (bitwise, or its metrics within 1e-6), 1 when it differs
+  cl-bench reproduce 3f2a9c1b7d04 --method mine.py    # a record made with a method file
+exit code: 0 when the rerun equals the record (bitwise, or its metrics within 1e-6), 1 when it differs,
+2 when it cannot be rerun here (e.g. the --method/--plugin file it was made with is not given)
 """
 
 
@@ -300,7 +302,9 @@ def _add_reproduce(sub, fmt) -> None:
                          epilog=REPRODUCE_EXAMPLES, formatter_class=fmt,
                          description="Find the record RUN_ID under --results, rerun its spec with the same method "
                                      "code and data (checked by their fingerprints) and report whether the new "
-                                     "record is bitwise equal, equal in its metrics, or different.")
+                                     "record is bitwise equal, equal in its metrics, or different. Method and "
+                                     "plug-in code comes from built-ins, installed entry points and the files "
+                                     "given with --method/--plugin, never from a path written in the record.")
     rep.add_argument("run_id", metavar="RUN_ID", help="the record's run id (12 hex digits; the record's file name)")
     rep.add_argument("--results", default=defaults.RESULTS,
                      help="results folder holding the record (default: %(default)s/)")
@@ -308,6 +312,11 @@ def _add_reproduce(sub, fmt) -> None:
     rep.add_argument("--device", choices=("auto", "cpu", "cuda"),
                      help="device of the rerun (default: the record's own device)")
     rep.add_argument("--out", help="keep the rerun's record in this folder (default: a temporary folder, removed)")
+    rep.add_argument("--method", dest="method_files", action="append", default=[], metavar="FILE",
+                     help="the method file the record was made with (repeatable); it must hash to the record's "
+                          "implementation. A path written in the record is never imported")
+    rep.add_argument("--plugin", dest="plugin_files", action="append", default=[], metavar="FILE",
+                     help="a plug-in file (backbone, data set, regime family) the record was made with (repeatable)")
 
 
 def _add_submit(sub, fmt) -> None:

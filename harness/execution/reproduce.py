@@ -3,6 +3,11 @@
 The rerun takes the record's own spec — method implementation and data fingerprint
 included, so the engine refuses a changed method file or changed data — runs it in a
 temporary folder, and compares the new record with the stored one.
+
+A record is data from whoever made the results folder: its code comes only from what the user
+names (`--method FILE`, `--plugin FILE`), an installed entry point or a built-in, and a named
+file must hash to the implementation the record states (which its run id covers) before it is
+imported. The paths a record writes in its provenance are shown as hints, never imported.
 """
 from __future__ import annotations
 
@@ -68,49 +73,106 @@ def find_record(run_id: str, results) -> tuple[RunRecord, Path]:
     raise SweepError(f"RUN_ID: no record {run_id} under {where}")
 
 
-def method_files(record: RunRecord) -> tuple[str, ...]:
-    """The method and plug-in files a record was made with (none for built-ins); they must still be there, unchanged."""
+def code_files(record: RunRecord, method_files=(), plugin_files=()) -> tuple[str, ...]:
+    """The method and plug-in files the rerun registers: only those the user named, each checked against
+    the record's source hashes before it is imported. A record is data: the paths it names are shown as
+    a hint, never imported."""
+    from ..api.plugins import implementations
     from ..api.registry import get_registry
 
-    source = ((record.provenance or {}).get("method") or {}).get("source", "built-in")
-    files = () if source == "built-in" or source.startswith("entry point") else (source,)
-    if files and not Path(source).is_file():
-        raise SweepError(f"{source}: the method file this record was made with is not there; restore it "
-                         f"(implementation {record.spec.method_version}) to reproduce the record")
-    adapter = get_registry(files).get(record.spec.method)
+    spec = record.spec
+    files = tuple(dict.fromkeys(map(str, (*method_files, *plugin_files))))
+    _verify_before_import(record, files)
+    adapter = get_registry(files).get(spec.method)
+    if adapter is None or adapter.implementation != spec.method_version:
+        raise SweepError(_method_missing(record, adapter))
+    found = implementations(spec.dataset.model, spec.dataset.name, spec.regime)
+    missing = {key: version for key, version in spec.plugins.items() if found.get(key) != version}
+    if missing:
+        raise SweepError(_plugins_missing(record, missing))
+    return files
+
+
+def needed_code(record: RunRecord) -> dict[str, str]:
+    """{what: implementation} of the code a record was made with: its method and its plug-ins."""
+    spec = record.spec
+    return {f"method {spec.method!r}": spec.method_version,
+            **{f"plug-in {key}": version for key, version in spec.plugins.items()}}
+
+
+def _verify_before_import(record: RunRecord, files: tuple[str, ...]) -> None:
+    """Refuse a named file whose content is none of the record's file implementations, unopened by Python."""
+    from ..api.codefile import code_sha256
+
+    needed = needed_code(record)
+    digests = {_digest(version) for version in needed.values()} - {None}
+    for path in files:
+        digest = code_sha256(path)[:DIGEST_LENGTH]
+        if digest not in digests:
+            made = "; ".join(f"{what} {version or '(none)'}" for what, version in needed.items())
+            raise SweepError(f"{path}: its content (sha256:{digest}) is not code record {record.run_id} was made "
+                             f"with ({made}); pass only the --method/--plugin files it was made with")
+
+
+DIGEST_LENGTH = 16  # of the sha256 in a file's implementation, `sha256:<16 hex>[+v<declared>]`
+
+
+def _digest(implementation) -> str | None:
+    """The source hash of a file's (or entry point's) implementation; None for a declared version."""
+    if not isinstance(implementation, str) or not implementation.startswith("sha256:"):
+        return None
+    return implementation[len("sha256:"):].split("+", 1)[0]
+
+
+def _method_missing(record: RunRecord, adapter) -> str:
+    spec = record.spec
+    made = f"implementation {spec.method_version or '(none)'}"
     if adapter is None:
-        raise SweepError(f"method {record.spec.method!r} of the record is not registered here "
-                         f"(it came from {source}); install or restore it to reproduce the record")
-    if adapter.implementation != record.spec.method_version:
-        raise SweepError(f"method {record.spec.method!r} changed since the record was made (implementation "
-                         f"{record.spec.method_version}, now {adapter.implementation} from {adapter.source}); "
-                         "restore that version to reproduce the record")
-    return files + plugin_files(record)
+        what = f"record {record.run_id} was made with method {spec.method!r} ({made}), which is not built in here"
+    else:
+        what = (f"method {spec.method!r} changed since the record was made ({made}, now {adapter.implementation} "
+                f"from {adapter.source})")
+    source = _written(record.provenance, "method", "source")
+    return f"{what}: pass --method FILE, the method file it was made with, or install that version{_hint(source)}"
 
 
-def plugin_files(record: RunRecord) -> tuple[str, ...]:
-    """The plug-in files (backbone, data set, regime family) a record was made with; they must still be there
-    (the engine refuses one whose content changed)."""
-    out = []
-    for key, entry in ((record.provenance or {}).get("plugins") or {}).items():
-        source = str((entry or {}).get("source", ""))
-        if source.startswith("entry point"):
-            continue
-        if not Path(source).is_file():
-            raise SweepError(f"{source}: the file of plug-in {key} this record was made with is not there; restore "
-                             f"it (implementation {record.spec.plugins.get(key)}) to reproduce the record")
-        out.append(source)
-    return tuple(dict.fromkeys(out))
+def _plugins_missing(record: RunRecord, missing: dict) -> str:
+    sources = (_written(record.provenance, "plugins", key, "source") for key in missing)
+    hint = _hint(", ".join(s for s in sources if isinstance(s, str) and s))
+    listed = ", ".join(f"{key} ({version})" for key, version in missing.items())
+    return (f"record {record.run_id} was made with plug-in {listed}, not registered here in that version: pass "
+            f"--plugin FILE, the plug-in file it was made with, or install that version{hint}")
+
+
+HINT_CHARS = 160
+
+
+def _written(data, *keys):
+    """What a record wrote under nested keys; None where any level is missing or not a mapping."""
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _hint(source) -> str:
+    """Where the record says its code came from: escaped and shortened, for the user to find the file."""
+    if not isinstance(source, str) or not source or source == "built-in":
+        return ""
+    shown = source if len(source) <= HINT_CHARS else source[:HINT_CHARS] + "…"
+    return f" (the record names {shown!r}; a path in a record is never imported)"
 
 
 def reproduce(run_id: str, results="results", data_dir: str | None = None, device: str | None = None,
-              out: str | None = None) -> Reproduction:
-    """Rerun record `run_id` (inline, one torch thread, as workers run) and compare."""
+              out: str | None = None, method_files=(), plugin_files=()) -> Reproduction:
+    """Rerun record `run_id` (inline, one torch thread, as workers run) with the method and plug-in files
+    the user names (verified against the record), and compare."""
     from ..run.engine import resolve_device, run_one
     from .executors.base import init_worker
 
     record, path = find_record(run_id, results)
-    files = method_files(record)
+    files = code_files(record, method_files, plugin_files)
     device = device or (record.provenance or {}).get("device") or "auto"
     try:
         resolve_device(device)

@@ -132,3 +132,7 @@ class ReproduceRequest:
     data_dir: str | None = None
     device: str | None = None  # None: the record's own device
     out: str | None = None  # None: a temporary folder, removed
+    # The code of a record made with files: only these files are imported (never a path the record
+    # names), and each must hash to the implementation the record states.
+    method_files: tuple = ()  # --method files
+    plugin_files: tuple = ()  # --plugin files

@@ -104,10 +104,11 @@ def submit(req: SubmitRequest, log: Log = print) -> SubmitOutcome:
 
 
 def reproduce(req: ReproduceRequest) -> Reproduction:
-    """Rerun one record (its own spec, method code and data) and compare the rerun with it."""
+    """Rerun one record (its own spec and data; method code from the files the request names) and compare."""
     from ..execution.reproduce import reproduce as rerun
 
-    return rerun(req.run_id, req.results, data_dir=req.data_dir, device=req.device, out=req.out)
+    return rerun(req.run_id, req.results, data_dir=req.data_dir, device=req.device, out=req.out,
+                 method_files=req.method_files, plugin_files=req.plugin_files)
 
 
 def _load(req: SweepRequest):

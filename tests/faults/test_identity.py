@@ -263,11 +263,13 @@ def test_reproduce_of_a_method_file_record_and_of_a_changed_method_file(tmp_path
     results = tmp_path / "my results; touch PWNED"
     assert cli("run", "--protocol", proto, "--results", results, "--method", method, *QUIET)[0] == 0
     (path,) = (results / "tiny" / "runs").glob("*.json")
-    code, out, err = cli("reproduce", path.stem, "--results", results)
+    code, out, err = cli("reproduce", path.stem, "--results", results, "--method", method)
     assert code == 0 and "reproduced: bitwise equal" in out, err
+    code, _, err = cli("reproduce", path.stem, "--results", results)  # the record's path is never imported
+    assert code == 2 and "pass --method FILE" in err and repr(str(method.resolve())) in err
     method.write_text(textwrap.dedent(METHOD.format(strength=2)))
-    code, _, err = cli("reproduce", path.stem, "--results", results)
-    assert code == 2 and "method 'mine' changed since the record was made (implementation sha256:" in err
+    code, _, err = cli("reproduce", path.stem, "--results", results, "--method", method)
+    assert code == 2 and f"is not code record {path.stem} was made with (method 'mine' sha256:" in err
 
 
 def test_the_site_shows_a_shell_quoted_reproduce_command(tmp_path, cli):
