@@ -278,7 +278,7 @@ class _ProtocolValidator(Validator):
             name = self.string(entry["name"], f"{key}.name")
             if name not in registry:
                 self.fail(f"{key}.name", f"unknown method {name!r}; allowed: {', '.join(sorted(registry))}")
-            label = self.string(entry.get("label", ""), f"{key}.label")
+            label = self.label(entry.get("label", ""), f"{key}.label")
             adapter = registry[name]
             hparams = entry.get("hparams", {}) or {}
             self.mapping(hparams, f"{key}.hparams", tuple(adapter.defaults) or ("(none)",))
@@ -291,6 +291,14 @@ class _ProtocolValidator(Validator):
             if displays.count(d) > 1:
                 self.fail("methods", f"method {d!r} appears twice; give the entries distinct labels")
         return tuple(out)
+
+    def label(self, value, key):
+        """A method label `--methods` can choose: its comma-separated, stripped items must give it back."""
+        label = self.string(value, key)
+        if "," in label or label != label.strip():
+            self.fail(key, f"{label!r} could not be chosen with --methods (a comma-separated list of stripped "
+                           "names); allowed: a label without ',' and without leading or trailing spaces")
+        return label
 
     def task_orders(self, value, datasets):
         self.mapping(value, "task_orders", ORDER_KEYS)
