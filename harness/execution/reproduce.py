@@ -101,7 +101,7 @@ def needed_code(record: RunRecord) -> dict[str, str]:
 
 
 def _verify_before_import(record: RunRecord, files: tuple[str, ...]) -> None:
-    """Refuse a named file whose content is none of the record's file implementations, unopened by Python."""
+    """Refuse a named file whose content is none of the record's file implementations, before it is imported."""
     from ..api.codefile import code_sha256
 
     needed = needed_code(record)
