@@ -5,8 +5,12 @@ as DEFAULTS, added to plain sequential fine-tuning next to the harness's plugins
 """
 from __future__ import annotations
 
+from harness.api.contract import Range
+
 NAME = "mas"
 DEFAULTS = {"lambda_reg": 1.0, "alpha": 0.5}
+# The penalty weight is >= 0; the importance is updated as alpha * old + (1 - alpha) * new: a weight in [0, 1].
+HPARAM_RANGES = {"lambda_reg": Range(low=0), "alpha": Range(0, 1)}
 DESCRIPTION = "Memory Aware Synapses (wrapped avalanche MASPlugin example)"
 REFERENCE = "Aljundi et al., Memory Aware Synapses, ECCV 2018"
 

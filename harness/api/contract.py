@@ -1,6 +1,7 @@
 """The method contract, in one place: what an adapter is, what it is given, what it may provide.
 
 - `MethodAdapter`: a registered method (name, defaults, build, metadata, declarations).
+- `Range`: the declared range of a hyperparameter (`MethodAdapter.hparam_ranges`, a file's `HPARAM_RANGES`).
 - `MethodContext` (`ctx`): everything the harness hands `build(ctx, **hparams)`.
 - `StrategyHooks`: the optional hooks (documentation: the engine looks each up on the strategy and
   then on each of its plugins through its own function here).
@@ -22,6 +23,7 @@ import torch
 
 from ..config.pretrain import Pretrain
 from ..config.specs import TrainingSpec
+from ..config.validate import Range  # adapters declare their hyperparameters' ranges with it
 from ..config.vocabulary import OPTIMIZERS, Family, Scenario
 
 
@@ -36,6 +38,9 @@ class MethodAdapter:
     change, so that no old record is reused (files and entry points are identified by their
     content hash instead); `hparam_types`: the JSON types a hyperparameter accepts where its
     default's type does not say it (e.g. `{"alpha": (str, float)}`, `None` for null);
+    `hparam_ranges`: the values a hyperparameter may take beyond its type, as a `Range` (numbers between
+    bounds, strings among choices; e.g. `{"mem_size": Range(low=1)}`): a protocol value outside it is
+    refused at load, in one line; a hyperparameter without one takes any value of its type;
     `implementation`: set by the registry, the identity that enters every run id;
     `regime_families`: the regime families the method runs faithfully on (a protocol pairing it
     with another family is refused at load), `regime_note`: why, in one clause.
@@ -52,6 +57,7 @@ class MethodAdapter:
     captions: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     version: str = "1"
     hparam_types: Mapping[str, tuple] = field(default_factory=lambda: MappingProxyType({}))
+    hparam_ranges: Mapping[str, Range] = field(default_factory=lambda: MappingProxyType({}))
     implementation: str = ""
     regime_families: tuple[str, ...] = tuple(Family)
     regime_note: str = ""

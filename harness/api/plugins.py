@@ -22,6 +22,7 @@ from typing import Any
 
 from ..config import vocabulary as vocab
 from ..config.errors import PluginError
+from ..config.shapes import ANY_SHAPE, InputShapes  # a plug-in file declares `accepts` with InputShapes
 from ..config.validate import show
 
 BUILT_IN = "built-in"
@@ -38,7 +39,10 @@ class Backbone:
     `norm_blocks` / `bias_blocks`: the blocks holding normalisation layers / bias terms (what the
     `norm` and `bitfit` families can train; checked against the built model by `cl-bench check`);
     `feature_dim`: the width of the last block's output, an int or `f(kwargs)` (None: measured
-    with one forward pass); `tail`: parameter-free modules appended after the blocks (e.g. pooling).
+    with one forward pass); `tail`: parameter-free modules appended after the blocks (e.g. pooling);
+    `accepts`: every sample shape it can be built for, `input_shape` among them (default: any): a
+    protocol pairing it with a data set of another shape is refused at load, or at planning when the
+    data set's shape is known only once loaded.
     """
 
     name: str
@@ -50,13 +54,14 @@ class Backbone:
     bias_blocks: tuple[str, ...] = ()
     feature_dim: int | Callable[[dict], int] | None = None
     tail: Mapping[str, Callable[[], Any]] = field(default_factory=lambda: MappingProxyType({}))
+    accepts: InputShapes = ANY_SHAPE
 
     kind = "backbone"
 
     @property
     def facts(self) -> vocab.ModelFacts:
         """What a protocol is validated against (torch-free)."""
-        return vocab.ModelFacts(self.blocks, self.description, self.norm_blocks, self.bias_blocks)
+        return vocab.ModelFacts(self.blocks, self.description, self.norm_blocks, self.bias_blocks, self.accepts)
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,8 @@ class DataSource:
     """A data set: `load(data_dir, download)` returns x_train, y_train, x_test, y_test (numpy arrays,
     labels 0..n_classes-1; a mapping of those names or a 4-tuple). `data_dir` is the folder of
     `--data-dir` (else the data folder of config.paths.data_dir). The harness validates the arrays, holds them as
-    float32 tensors and fingerprints their content (part of every run id)."""
+    float32 tensors and fingerprints their content (part of every run id). `input_shape`: one sample's shape,
+    if known without loading (a protocol is then checked against its model's `accepts` at load)."""
 
     name: str
     load: Callable[..., Any]
@@ -72,13 +78,14 @@ class DataSource:
     default_model: str = vocab.USER_DATA_DEFAULT_MODEL
     description: str = ""
     origin: str = "plug-in"  # the vocabulary's DatasetFacts.source
+    input_shape: tuple[int, ...] | None = None
 
     kind = "dataset"
 
     @property
     def facts(self) -> vocab.DatasetFacts:
         """What a protocol is validated against (torch-free)."""
-        return vocab.DatasetFacts(self.n_classes, self.default_model, self.origin)
+        return vocab.DatasetFacts(self.n_classes, self.default_model, self.origin, self.input_shape)
 
 
 @dataclass(frozen=True)
@@ -201,13 +208,24 @@ def _check_backbone(b: Backbone, where: str) -> None:
         if not isinstance(value, tuple) or not set(value) <= set(names):
             raise PluginError(f"{where}: {key} must be a tuple of its blocks ({', '.join(names)}), got {show(value)}")
     shape = b.input_shape
-    if not isinstance(shape, tuple) or not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+    if not _is_shape(shape):
         raise PluginError(f"{where}: input_shape must be a tuple of positive ints (one sample), got {show(shape)}")
+    if not isinstance(b.accepts, InputShapes) or not b.accepts.admits(shape):
+        raise PluginError(f"{where}: accepts must be a harness.api.plugins.InputShapes that admits its input_shape "
+                          f"{show(shape)}, got {show(b.accepts)}")
     if set(b.tail) & set(names):
         raise PluginError(f"{where}: tail names {sorted(set(b.tail) & set(names))} are also blocks")
 
 
+def _is_shape(shape) -> bool:
+    return isinstance(shape, tuple) and bool(shape) and \
+        all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+
+
 def _check_dataset(d: DataSource, where: str) -> None:
+    if d.input_shape is not None and not _is_shape(d.input_shape):
+        raise PluginError(f"{where}: input_shape must be None or a tuple of positive ints (one sample), "
+                          f"got {show(d.input_shape)}")
     if isinstance(d.n_classes, bool) or not isinstance(d.n_classes, int) or d.n_classes < 2:
         raise PluginError(f"{where}: n_classes must be an int >= 2, got {show(d.n_classes)}")
     if d.default_model not in vocab.MODELS:

@@ -24,7 +24,7 @@ from ..config.paths import submission_files, submissions_dir
 from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, PLUGIN_GROUPS, Family
 from . import plugins
 from .codefile import code_bytes
-from .contract import MethodAdapter
+from .contract import MethodAdapter, Range
 
 METHODS_PACKAGE = "harness.methods"  # one module per built-in method family, nothing else
 
@@ -51,12 +51,13 @@ def adapters_from_module(module, source: str) -> list[MethodAdapter]:
                             prefix_cache=getattr(module, "PREFIX_CACHE", False),
                             captions=getattr(module, "CAPTIONS", {}),
                             hparam_types=getattr(module, "HPARAM_TYPES", {}),
+                            hparam_ranges=getattr(module, "HPARAM_RANGES", {}),
                             version=getattr(module, "VERSION", "1"),
                             regime_families=tuple(getattr(module, "REGIME_FAMILIES", Family)),
                             regime_note=str(getattr(module, "REGIME_NOTE", "")))
     adapter = validate_adapter(adapter, source)
     return [dataclasses.replace(adapter, defaults=dict(adapter.defaults), captions=dict(adapter.captions),
-                                hparam_types=dict(adapter.hparam_types))]
+                                hparam_types=dict(adapter.hparam_types), hparam_ranges=dict(adapter.hparam_ranges))]
 
 
 def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
@@ -82,6 +83,7 @@ def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
     if not plain:
         raise RegistryError(f"{source}: CAPTIONS of {name!r} must map diagnostic keys to strings")
     _check_hparam_types(adapter, source)
+    check_hparam_ranges(adapter, source)
     families = adapter.regime_families
     if not isinstance(families, tuple) or not families or any(f not in tuple(Family) for f in families):
         raise RegistryError(f"{source}: REGIME_FAMILIES of {name!r} must be a non-empty tuple of "
@@ -102,6 +104,35 @@ def _check_hparam_types(adapter: MethodAdapter, source: str) -> None:
     if not ok:
         raise RegistryError(f"{source}: HPARAM_TYPES of {adapter.name!r} must map DEFAULTS keys to non-empty "
                             "tuples of int, float, bool, str, list, dict or None")
+
+
+def check_hparam_ranges(adapter: MethodAdapter, source: str) -> None:
+    """HPARAM_RANGES maps DEFAULTS keys to Range values that fit the key's type and admit its default."""
+    ranges = adapter.hparam_ranges
+    plain = hasattr(ranges, "items") and all(k in adapter.defaults and isinstance(r, Range) for k, r in ranges.items())
+    if not plain:
+        raise RegistryError(f"{source}: HPARAM_RANGES of {adapter.name!r} must map DEFAULTS keys to "
+                            "harness.api.contract.Range values")
+    for key, allowed in ranges.items():
+        kinds = _hparam_kinds(adapter, key)
+        numeric = allowed.low is not None or allowed.high is not None
+        if (numeric and kinds is not None and not {int, float} & set(kinds)) or \
+                (allowed.choices and kinds is not None and str not in kinds):
+            raise RegistryError(f"{source}: HPARAM_RANGES[{key!r}] of {adapter.name!r} bounds a value its type "
+                                f"({', '.join(getattr(k, '__name__', 'None') for k in kinds)}) cannot take")
+        if not allowed.admits(adapter.defaults[key]):
+            raise RegistryError(f"{source}: the default {key}={adapter.defaults[key]!r} of {adapter.name!r} is "
+                                f"outside its HPARAM_RANGES ({allowed.describe()})")
+
+
+def _hparam_kinds(adapter: MethodAdapter, key: str) -> tuple | None:
+    """The JSON kinds hyperparameter `key` takes: its HPARAM_TYPES, else its default's type (None: any)."""
+    declared = tuple(adapter.hparam_types.get(key, ()))
+    if declared:
+        return declared
+    default = adapter.defaults[key]
+    return next(((k,) for k in (bool, int, float, str, list, dict) if isinstance(default, k)), None) \
+        if default is not None else None
 
 
 def _check_signature(build, defaults: dict, name: str, source: str) -> None:

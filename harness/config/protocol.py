@@ -8,7 +8,7 @@ from .errors import ProtocolError, UserError
 from .paths import protocol_dirs
 from .pretrain import PretrainError, PretrainKind, parse_pretrain
 from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
-from .validate import MAX_SEED, Validator, show
+from .validate import MAX_SEED, Validator, quoted_number, show
 from .vocabulary import (
     DATASETS,
     MODELS,
@@ -23,7 +23,9 @@ from .vocabulary import (
     regime_family,
     regime_problem,
     runs_under_family,
+    sample_shape_problem,
 )
+from .yamlfile import read_yaml
 
 PROTOCOL_KEYS = ("name", "version", "description", "scenario", "pretrain", "plugins", "datasets", "regimes",
                  "methods", "task_orders", "seeds", "training", "evaluation", "resources")
@@ -34,9 +36,6 @@ ORDER_KEYS = ("count", "seed", "orders")
 TRAINING_KEYS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
 RESOURCE_KEYS = ("num_cpus", "num_gpus")
 MAX_ORDERS = 1000
-# YAML aliases share nodes: a 1 KB file can expand to billions ("billion laughs"). A protocol
-# has a few hundred nodes; refuse to build more than this many.
-MAX_YAML_NODES = 100_000
 
 
 def available_protocols() -> list[str]:
@@ -70,7 +69,7 @@ def load_protocol(name_or_path: str, registry) -> Protocol:
 
     path = resolve_protocol_path(name_or_path)
     try:
-        raw = bounded_yaml(path.read_text(), str(path))
+        raw = read_yaml(path.read_text(), str(path), ProtocolError)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
@@ -79,39 +78,38 @@ def load_protocol(name_or_path: str, registry) -> Protocol:
         raise ProtocolError(f"{path}: cannot read: {exc}") from None
     except RecursionError:
         raise ProtocolError(f"{path}: nested too deeply to be a protocol") from None
-    return parse_protocol(raw, str(path), registry)
+    protocol = parse_protocol(raw, str(path), registry)
+    notes = name_reuse(protocol, raw, path)
+    return dataclasses.replace(protocol, notes=notes) if notes else protocol
 
 
-def bounded_yaml(text: str, source: str):
-    """yaml.safe_load, refusing documents whose aliases expand past MAX_YAML_NODES nodes."""
+def name_reuse(protocol: Protocol, raw: dict, path: Path) -> tuple[str, ...]:
+    """A warning for each other protocol file of the protocol's name (`<name>.yaml` in the protocol
+    folders) with other content. Records are kept by name and version (results/<name>/, one board per
+    version): another file of the same name and version would put its records into this one's board
+    (`leaderboard` has no grid to tell them apart), so that is refused; another version only shares the
+    folder, whose views keep versions apart, so that is a warning."""
     import yaml
 
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        size = _expanded_size(node, {})
-        if size > MAX_YAML_NODES:
-            raise ProtocolError(f"{source}: its YAML aliases expand to more than {MAX_YAML_NODES:,} nodes; "
-                                "allowed: a protocol without alias bombs (write the values out)")
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def _expanded_size(node, memo: dict) -> int:
-    """Nodes after every alias is expanded (memoised: shared nodes are counted, not walked, again)."""
-    if id(node) in memo:
-        return memo[id(node)]
-    memo[id(node)] = MAX_YAML_NODES + 1  # a node inside itself (recursive alias) is unbounded
-    if isinstance(node.value, list):
-        children = [c for item in node.value for c in (item if isinstance(item, tuple) else (item,))]
-        size = 1 + sum(min(_expanded_size(c, memo), MAX_YAML_NODES + 1) for c in children)
-    else:
-        size = 1
-    memo[id(node)] = size
-    return size
+    notes, seen = [], {path.resolve()}
+    for other in (folder / f"{protocol.name}.yaml" for folder in protocol_dirs()):
+        try:
+            if not other.is_file() or other.resolve() in seen:
+                continue
+            seen.add(other.resolve())
+            theirs = read_yaml(other.read_text(), str(other), ProtocolError)
+        except (OSError, UnicodeDecodeError, RecursionError, UserError, yaml.YAMLError):
+            continue  # an unreadable file is no protocol of this name
+        if theirs == raw or not isinstance(theirs, dict):
+            continue
+        version = str(theirs.get("version"))
+        if version == protocol.version:
+            raise ProtocolError(f"{path}: name: protocol {protocol.name!r} version {version} is also {other}, whose "
+                                "content differs: the records of both would be counted in one board (records are "
+                                "kept by name and version); allowed: a name of its own, or a new version")
+        notes.append(f"{path}: protocol name {protocol.name!r} is also that of {other} (version {version}, other "
+                     f"content): their records share one results folder, kept apart by version")
+    return tuple(notes)
 
 
 def parse_protocol(raw, source: str, registry) -> Protocol:
@@ -146,8 +144,17 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
 class _ProtocolValidator(Validator):
     """The protocol's sections, checked with the shared Validator's type and value checks."""
 
-    def hparam(self, value, key, adapter, name):
-        """A hyperparameter of one of the JSON types its default (or the adapter) allows."""
+    def hparam(self, value, key, adapter, name, method: str = ""):
+        """A hyperparameter of one of the JSON types its default (or the adapter) allows, within the
+        range the adapter declares for it (`hparam_ranges`; none declared: any value of the type)."""
+        value = self._hparam_kind(value, key, adapter, name)
+        allowed = getattr(adapter, "hparam_ranges", {}).get(name)
+        if allowed is None:
+            return value
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        return self.in_range(value, key, allowed, integer, f" for method {method}" if method else "")
+
+    def _hparam_kind(self, value, key, adapter, name):
         self.plain(value, key)
         default = adapter.defaults[name]
         kinds = tuple(getattr(adapter, "hparam_types", {}).get(name, ())) or _kinds_of(default)
@@ -158,7 +165,7 @@ class _ProtocolValidator(Validator):
         if any(_is_kind(value, k) for k in kinds):
             return value
         self.fail(key, f"{show(value)} is not allowed; allowed: {' or '.join(_KIND_NAMES[k] for k in kinds)} "
-                       f"(the default is {show(default)})")
+                       f"(the default is {show(default)}){quoted_number(value)}")
 
     def version(self, value):
         if isinstance(value, bool) or not isinstance(value, (str, int, float)) or str(value).strip() == "":
@@ -215,6 +222,8 @@ class _ProtocolValidator(Validator):
             default_cpt = n_classes // n_tasks if n_classes else 2
             cpt = self.integer(entry.get("classes_per_task", default_cpt), f"{key}.classes_per_task", 1)
             model = self.choice(entry.get("model", default_model), f"{key}.model", tuple(MODELS))
+            if facts and facts.sample_shape:  # else known once loaded: planning checks it (execution/plan.py)
+                self.fits(model, name, facts.sample_shape, f"{key}.model")
             if n_classes is not None and n_tasks * cpt > n_classes:
                 self.fail(key, f"{n_tasks} tasks x {cpt} classes = {n_tasks * cpt} classes, but {name} has "
                                f"{n_classes}; allowed: n_tasks * classes_per_task <= {n_classes}")
@@ -222,6 +231,12 @@ class _ProtocolValidator(Validator):
         if len({d.name for d in out}) != len(out):
             self.fail("datasets", "a dataset is listed twice")
         return tuple(out), written
+
+    def fits(self, model: str, dataset: str, shape, key: str) -> None:
+        """Backbone `model` can take `dataset`'s samples (its declared `accepts`)."""
+        problem = sample_shape_problem(model, dataset, shape)
+        if problem:
+            self.fail(key, problem)
 
     def npz_name(self, name: str, key: str) -> str:
         """`npz:PATH` with PATH absolute: a relative path is relative to the protocol file."""
@@ -282,7 +297,8 @@ class _ProtocolValidator(Validator):
             adapter = registry[name]
             hparams = entry.get("hparams", {}) or {}
             self.mapping(hparams, f"{key}.hparams", tuple(adapter.defaults) or ("(none)",))
-            hparams = {k: self.hparam(v, f"{key}.hparams.{k}", adapter, k) for k, v in hparams.items()}
+            method = f"{label!r} ({name})" if label else repr(name)
+            hparams = {k: self.hparam(v, f"{key}.hparams.{k}", adapter, k, method) for k, v in hparams.items()}
             runs_on = self.method_regimes(entry, key, name, adapter, regimes)
             out.append(MethodSpec(name, {**adapter.defaults, **hparams}, label,
                                   getattr(adapter, "implementation", ""), runs_on))

@@ -85,6 +85,8 @@ class Protocol:
     written_names: dict = field(default_factory=dict)
     # plug-in files of the protocol's `plugins:` (absolute paths): every run of it registers them
     plugin_files: tuple[str, ...] = ()
+    # warnings of the loader, one line each (e.g. another protocol file of the same name): shown with the plan
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

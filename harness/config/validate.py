@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 from .errors import UserError
 from .vocabulary import NAME_RULE, is_valid_name
@@ -29,6 +30,61 @@ def is_finite(value) -> bool:
         return math.isfinite(value)
     except OverflowError:
         return False
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a hyperparameter may take beyond its type: numbers from `low` to `high` (None: no bound;
+    `low_open`/`high_open`: the bound itself excluded) and, for one that takes a string, the strings
+    among `choices` (empty: any string). Null and booleans are never range-checked."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: tuple[str, ...] = ()
+
+    def admits(self, value) -> bool:
+        """True when `value` is within the range (a number) or among the choices (a string)."""
+        if isinstance(value, str):
+            return not self.choices or value in self.choices
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return True  # lists, mappings, null: their type is all that is checked
+        if not is_finite(value):
+            return False
+        low_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        high_ok = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return low_ok and high_ok
+
+    def describe(self, integer: bool = False) -> str:
+        """The range in words: `an integer >= 1`, `a number in (0, 1]`, `'auto' or a number in [0, 1]`."""
+        words = []
+        if self.choices:
+            listed = ", ".join(repr(c) for c in self.choices)
+            words.append(f"one of {listed}" if len(self.choices) > 1 else listed)
+        if self.low is not None or self.high is not None:
+            words.append(f"{'an integer' if integer else 'a number'} {self._bounds()}")
+        return " or ".join(words) or "any value of its type"
+
+    def _bounds(self) -> str:
+        fmt = lambda x: repr(x) if isinstance(x, float) and not float(x).is_integer() else str(int(x))  # noqa: E731
+        if self.low is not None and self.high is not None:
+            left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            return f"in {left}{fmt(self.low)}, {fmt(self.high)}{right}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {fmt(self.low)}"
+        return f"{'<' if self.high_open else '<='} {fmt(self.high)}"
+
+
+def quoted_number(value) -> str:
+    """` (a quoted string: write the number without quotes)` for a string that reads as a number, else ""."""
+    if isinstance(value, str):
+        try:
+            number = float(value.replace("_", ""))
+        except ValueError:
+            return ""
+        return " (a quoted string: write the number without quotes)" if math.isfinite(number) else ""
+    return ""
 
 
 class Validator:
@@ -67,7 +123,7 @@ class Validator:
     def number(self, value, key, minimum=None, below=None):
         """A finite number (not a bool) >= minimum and < below, as a float."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(key, f"expected a number, got {show(value)}")
+            self.fail(key, f"expected a number, got {show(value)}{quoted_number(value)}")
         if not is_finite(value):
             self.fail(key, f"{show(value)} is not allowed; allowed: a finite number")
         if minimum is not None and value < minimum:
@@ -75,6 +131,13 @@ class Validator:
         if below is not None and value >= below:
             self.fail(key, f"{show(value)} is out of range; allowed: < {below}")
         return float(value)
+
+    def in_range(self, value, key, allowed: Range, integer: bool = False, what: str = ""):
+        """`value` if `allowed` admits it, else `value is out of range[ what]; allowed: <range>`."""
+        if not allowed.admits(value):
+            self.fail(key, f"{show(value)} is out of range{what}; allowed: {allowed.describe(integer)}"
+                           f"{quoted_number(value)}")
+        return value
 
     def within(self, value, key, kind: type, rule: str, ok):
         """An int (`kind` int) or a finite number (`kind` float, returned as a float) for which

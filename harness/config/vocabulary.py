@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from .shapes import ANY_SHAPE, InputShapes, shape_problem
+
 
 # -- runs and protocols -------------------------------------------------------------------
 # StrEnums: a member is its string (== "ok", json.dumps writes "ok"), so records, specs and run
@@ -210,6 +212,7 @@ class ModelFacts:
     # Blocks with normalisation layers / with bias terms (what `norm` and `bitfit` can train).
     norm_blocks: tuple[str, ...] = ()
     bias_blocks: tuple[str, ...] = ()
+    accepts: InputShapes = ANY_SHAPE  # the sample shapes it can be built for (config/shapes.py)
 
     @property
     def n_blocks(self) -> int:
@@ -220,15 +223,19 @@ class ModelFacts:
 _FC4 = ("fc1", "fc2", "fc3", "fc4")
 _CONV3_FC = ("conv1", "conv2", "conv3", "fc")
 _RESNET = ("stem", "layer1", "layer2", "layer3", "layer4")
+# MLPs flatten any sample; the CNNs pool three times by 2 (L, H, W >= 8); ResNets pool adaptively.
+_IMAGES, _SIGNALS = InputShapes((3,), spatial=2, minimum=8), InputShapes((1, 2), spatial=1, minimum=8)
 MODELS = {
     "mlp": ModelFacts(_FC4, "4 fully connected blocks", norm_blocks=(), bias_blocks=_FC4),
     "mlp-bn": ModelFacts(_FC4, "4 fully connected blocks with BatchNorm", _FC4, _FC4),
-    "small-cnn": ModelFacts(_CONV3_FC, "3 conv blocks with BatchNorm, 1 fc block", _CONV3_FC[:3], _CONV3_FC),
+    "small-cnn": ModelFacts(_CONV3_FC, "3 conv blocks with BatchNorm, 1 fc block", _CONV3_FC[:3], _CONV3_FC,
+                            _IMAGES),
     "cnn1d": ModelFacts(_CONV3_FC, "small-cnn for 1-D signals: 3 conv blocks with BatchNorm, 1 fc block",
-                        _CONV3_FC, _CONV3_FC),
-    "resnet18-reduced": ModelFacts(_RESNET, "reduced ResNet-18 (width 20), stem + 4 stages", _RESNET, _RESNET),
+                        _CONV3_FC, _CONV3_FC, _SIGNALS),
+    "resnet18-reduced": ModelFacts(_RESNET, "reduced ResNet-18 (width 20), stem + 4 stages", _RESNET, _RESNET,
+                                   InputShapes((3,))),
     "resnet18": ModelFacts(_RESNET, "torchvision's ResNet-18 (width 64; ImageNet weights with --download), "
-                           "stem + 4 stages", _RESNET, _RESNET),
+                           "stem + 4 stages", _RESNET, _RESNET, InputShapes((3,))),
 }
 
 
@@ -250,6 +257,11 @@ def regime_problem(regime: str, model: str, dataset: str | None = None) -> str |
     return None
 
 
+def sample_shape_problem(model: str, dataset: str, shape) -> str | None:
+    """Why backbone `model` cannot take `dataset`'s samples of `shape` (config/shapes.py), else None."""
+    return shape_problem(model, dataset, shape, {name: facts.accepts for name, facts in MODELS.items()})
+
+
 # -- data sets ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class DatasetFacts:
@@ -258,16 +270,17 @@ class DatasetFacts:
     n_classes: int
     default_model: str
     source: str  # "embedded" (ships with a package), "torchvision" (--data-dir, --download) or "plug-in"
+    sample_shape: tuple[int, ...] | None = None  # one sample's shape; None: known once the data is loaded
 
 
 DATASETS = {
-    "digits": DatasetFacts(10, "mlp", "embedded"),
-    "mnist1d": DatasetFacts(10, "mlp", "embedded"),
-    "mnist": DatasetFacts(10, "small-cnn", "torchvision"),
-    "fashion-mnist": DatasetFacts(10, "small-cnn", "torchvision"),
-    "kmnist": DatasetFacts(10, "small-cnn", "torchvision"),
-    "qmnist": DatasetFacts(10, "small-cnn", "torchvision"),
-    "cifar100": DatasetFacts(100, "resnet18-reduced", "torchvision"),
+    "digits": DatasetFacts(10, "mlp", "embedded", (1, 8, 8)),
+    "mnist1d": DatasetFacts(10, "mlp", "embedded", (40,)),
+    "mnist": DatasetFacts(10, "small-cnn", "torchvision", (1, 28, 28)),
+    "fashion-mnist": DatasetFacts(10, "small-cnn", "torchvision", (1, 28, 28)),
+    "kmnist": DatasetFacts(10, "small-cnn", "torchvision", (1, 28, 28)),
+    "qmnist": DatasetFacts(10, "small-cnn", "torchvision", (1, 28, 28)),
+    "cifar100": DatasetFacts(100, "resnet18-reduced", "torchvision", (3, 32, 32)),
 }
 NPZ_PREFIX = "npz:"
 USER_DATA_DEFAULT_MODEL = "mlp"

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 
 from ..api.plugins import implementations
-from ..config.errors import SweepError
+from ..config.errors import ProtocolError, SweepError
 from ..config.specs import DatasetSpec, Protocol, RunSpec
-from ..config.vocabulary import DATASETS, NPZ_PREFIX
+from ..config.vocabulary import DATASETS, NPZ_PREFIX, sample_shape_problem
 from .store import runs_dir, scan_runs
 
 
@@ -43,6 +43,20 @@ def data_fingerprints(protocol: Protocol, data_dir: str | None = None, download:
                 raise
             out[d.name] = None
     return out
+
+
+def check_shapes(protocol: Protocol, fingerprints: dict, data_dir: str | None = None, download: bool = False) -> None:
+    """Refuse a data set whose samples its model cannot take (one line), for the data sets whose sample
+    shape is known only once loaded (npz, plug-ins without `input_shape`; the loader checked the rest)."""
+    from ..run.datasets import load_dataset
+
+    for d in protocol.datasets:
+        facts = DATASETS.get(d.name)
+        if (facts is not None and facts.sample_shape) or not fingerprints.get(d.name):
+            continue  # checked at load, or not present (a dry run)
+        problem = sample_shape_problem(d.model, d.name, load_dataset(d.name, data_dir, download).input_shape)
+        if problem:
+            raise ProtocolError(f"{protocol.source}: datasets: {problem}")
 
 
 def expand(protocol: Protocol, fingerprints: dict | None = None) -> tuple[RunSpec, ...]:
@@ -119,4 +133,5 @@ def plan_sweep(protocol: Protocol, results: str | Path, *, data_dir: str | None 
     """The plan of a sweep: the data fingerprinted first (downloaded if asked, except in a dry run,
     which plans without the data sets that are not there)."""
     fingerprints = data_fingerprints(protocol, data_dir, download and not dry_run, allow_missing=dry_run)
+    check_shapes(protocol, fingerprints, data_dir, download and not dry_run)
     return make_plan(protocol, results, retry_failed=retry_failed, only=only, fingerprints=fingerprints)

@@ -24,11 +24,12 @@ import harness.compat  # noqa: F401
 import torch
 from avalanche.training.templates import SupervisedTemplate
 
-from ..api.contract import BATCH_GENERATOR_ATTRIBUTE, MethodAdapter
+from ..api.contract import BATCH_GENERATOR_ATTRIBUTE, MethodAdapter, Range
 from ..config.vocabulary import Family
 from ._gpm_math import closed_form_alpha, diag_fisher, merge_tensors
 from .gpm import (
     GPM_DEFAULTS,
+    GPM_RANGES,
     GPM_REGIME_NOTE,
     GPMMemory,
     apply_batchnorm_policy,
@@ -45,6 +46,11 @@ BECAME_DEFAULTS = {"stages": "split", "stage1_epochs": None, "stage2_epochs": No
 # Null defaults mean "the protocol's": the types a protocol may give instead.
 BECAME_TYPES = {"stage1_epochs": (int, None), "stage2_epochs": (int, None), "stage2_lr": (float, None),
                 "fisher_samples": (int, None), "alpha": (str, float)}
+# What the code can mean (the checks of _config, at load): the merge coefficient α is a convex weight
+# (θ = (1−α)θ_gp + αθ_free), each stage trains at least one epoch on at least one Fisher sample, at a positive lr.
+BECAME_RANGES = {**GPM_RANGES, "stages": Range(choices=STAGE_BUDGETS), "stage1_epochs": Range(low=1),
+                 "stage2_epochs": Range(low=1), "stage2_lr": Range(low=0, low_open=True),
+                 "fisher_samples": Range(low=1), "alpha": Range(0, 1, choices=("auto",))}
 SWEEP_GRID = tuple(i / 10 for i in range(11))
 
 
@@ -270,6 +276,7 @@ ADAPTERS = (
     MethodAdapter("became", dict(BECAME_DEFAULTS), build_became,
                   "BECAME: GPM stage + free stage, merged with a closed-form Bayesian coefficient",
                   "Li et al., ICML 2025", family="gpm", prefix_cache=True, hparam_types=BECAME_TYPES,
+                  hparam_ranges=BECAME_RANGES,
                   # 2: BatchNorm policy; α over every trainable parameter (heads too); stages split the epochs
                   version="2", captions={
                       "alpha": "BECAME merge coefficient α per task",

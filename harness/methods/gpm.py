@@ -23,13 +23,17 @@ import harness.compat  # noqa: F401
 import torch
 from avalanche.core import SupervisedPlugin
 
-from ..api.contract import MethodAdapter, dataset_tensors
+from ..api.contract import MethodAdapter, Range, dataset_tensors
 from ..config.vocabulary import Family
 from ._batchnorm import batchnorm_layers
 from ._gpm_math import PROJECTED_TYPES, energy_threshold, layer_input_matrix, project_gradient_, update_basis_from_gram
 
 GPM_DEFAULTS = {"eps_base": 0.97, "eps_step": 0.003, "n_samples": 200, "batchnorm": "batch-stats"}
 BATCHNORM_POLICIES = ("batch-stats", "frozen-stats", "running-stats")
+# The energy threshold is a fraction of the layer's input energy kept, (0, 1]; it grows by eps_step per
+# task (a step < 0 would protect less each task); the basis is estimated from n_samples inputs.
+GPM_RANGES = {"eps_base": Range(0, 1, low_open=True), "eps_step": Range(low=0), "n_samples": Range(low=1),
+              "batchnorm": Range(choices=BATCHNORM_POLICIES)}
 
 
 GPM_REGIME_NOTE = ("GPM projects the gradients of trainable weight matrices onto the complement of past inputs; "
@@ -219,5 +223,5 @@ ADAPTERS = (
                   "Saha, Garg & Roy, ICLR 2021", family="gpm", prefix_cache=True,
                   version="2",  # 2: BatchNorm policy, batch statistics in projected blocks by default
                   captions={"gpm_memory_dims": "GPM memory dimension per layer after each task"},
-                  regime_families=(Family.DEPTH,), regime_note=GPM_REGIME_NOTE),
+                  hparam_ranges=GPM_RANGES, regime_families=(Family.DEPTH,), regime_note=GPM_REGIME_NOTE),
 )

@@ -39,7 +39,7 @@ import harness.compat  # noqa: F401  (quirks first)
 import torch
 from avalanche.core import SupervisedPlugin
 
-from ..api.contract import MethodAdapter
+from ..api.contract import MethodAdapter, Range
 from ..api.subspace import effective_weights, write_effective
 from . import _merge_rules as rules
 from ._batchnorm import batchnorm_layers, recompute_statistics
@@ -241,6 +241,10 @@ def build_randmix(ctx, lam: float, seed: int, finetune: str, batchnorm: str):
 
 
 _SEQ = {"finetune": "sequential", "batchnorm": "recompute"}
+# λ scales the merged task vectors (θ0 + λ·merge): a negative λ moves away from every task (task negation,
+# not continual learning); TIES keeps the top_k % largest entries of each τ_i, a percentage in (0, 100].
+_SEQ_RANGES = {"finetune": Range(choices=FINETUNE_MODES), "batchnorm": Range(choices=BATCHNORM_MODES)}
+_LAM = {"lam": Range(low=0)}
 # 2: merged models get BatchNorm statistics of their own weights (`batchnorm`); ties: official rounding
 _MERGE = dict(family="merging", prefix_cache=True, version="2", captions={
     "sign_conflicts": "fraction of sign conflicts among the task vectors, per task",
@@ -248,13 +252,17 @@ _MERGE = dict(family="merging", prefix_cache=True, version="2", captions={
 ADAPTERS = (
     MethodAdapter("magmax", {"lam": 0.5, **_SEQ}, build_magmax,
                   "MagMax: sequential fine-tuning + max-magnitude merging of task vectors",
-                  REFERENCE, **_MERGE),
+                  REFERENCE, hparam_ranges={**_LAM, **_SEQ_RANGES}, **_MERGE),
     MethodAdapter("avg", dict(_SEQ), build_avg, "Weight averaging of task vectors",
-                  "Wortsman et al., ICML 2022 (model soups); baseline in " + REFERENCE, **_MERGE),
+                  "Wortsman et al., ICML 2022 (model soups); baseline in " + REFERENCE,
+                  hparam_ranges=dict(_SEQ_RANGES), **_MERGE),
     MethodAdapter("task-arithmetic", {"lam": 0.3, **_SEQ}, build_task_arithmetic,
-                  "Task arithmetic: θ0 + λ Σ τ_i", "Ilharco et al., ICLR 2023", **_MERGE),
+                  "Task arithmetic: θ0 + λ Σ τ_i", "Ilharco et al., ICLR 2023",
+                  hparam_ranges={**_LAM, **_SEQ_RANGES}, **_MERGE),
     MethodAdapter("ties", {"top_k": 20.0, "lam": 0.55, **_SEQ}, build_ties,
-                  "TIES-merging: trim, elect sign, disjoint mean", "Yadav et al., NeurIPS 2023", **_MERGE),
+                  "TIES-merging: trim, elect sign, disjoint mean", "Yadav et al., NeurIPS 2023",
+                  hparam_ranges={"top_k": Range(0, 100, low_open=True), **_LAM, **_SEQ_RANGES}, **_MERGE),
     MethodAdapter("randmix", {"lam": 1.0, "seed": 0, **_SEQ}, build_randmix,
-                  "Random per-element mixing of task vectors", "baseline in " + REFERENCE, **_MERGE),
+                  "Random per-element mixing of task vectors", "baseline in " + REFERENCE,
+                  hparam_ranges={**_LAM, "seed": Range(low=0), **_SEQ_RANGES}, **_MERGE),
 )

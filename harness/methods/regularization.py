@@ -1,7 +1,7 @@
 """Regularisation methods: online EWC, LwF, Synaptic Intelligence."""
 from __future__ import annotations
 
-from ..api.contract import MethodAdapter
+from ..api.contract import MethodAdapter, Range
 
 
 def fix_synaptic_intelligence_on_cpu() -> None:
@@ -57,13 +57,19 @@ def build_si(ctx, si_lambda: float, eps: float):
 
 
 ADAPTERS = (
+    # A penalty weight < 0 rewards forgetting; online EWC's γ decays the old importance (γ > 1 would grow it).
     MethodAdapter("ewc-online", {"ewc_lambda": 100.0, "decay_factor": 0.9}, build_ewc_online,
                   "Online Elastic Weight Consolidation", "Schwarz et al., ICML 2018",
-                  family="regularization", prefix_cache=True),
+                  family="regularization", prefix_cache=True,
+                  hparam_ranges={"ewc_lambda": Range(low=0), "decay_factor": Range(0, 1)}),
+    # The distillation weight is >= 0; the softmax temperature divides the logits: > 0.
     MethodAdapter("lwf", {"alpha": 1.0, "temperature": 2.0}, build_lwf,
-                  "Learning without Forgetting", "Li & Hoiem, ECCV 2016", family="regularization"),
+                  "Learning without Forgetting", "Li & Hoiem, ECCV 2016", family="regularization",
+                  hparam_ranges={"alpha": Range(low=0), "temperature": Range(low=0, low_open=True)}),
     # Avalanche clips SI's per-parameter importance at 0.001 (and scales it by c = 0.0015),
     # so its lambda lives on a ~1000x larger scale than the paper's c.
+    # ξ (eps) damps the importance's denominator Δθ² + ξ: > 0 keeps it finite.
     MethodAdapter("si", {"si_lambda": 1000.0, "eps": 1e-7}, build_si, "Synaptic Intelligence",
-                  "Zenke et al., ICML 2017", family="regularization", prefix_cache=True),
+                  "Zenke et al., ICML 2017", family="regularization", prefix_cache=True,
+                  hparam_ranges={"si_lambda": Range(low=0), "eps": Range(low=0, low_open=True)}),
 )

@@ -15,7 +15,7 @@ import harness.compat  # noqa: F401
 import torch
 from avalanche.training.plugins import AGEMPlugin, ReplayPlugin
 
-from ..api.contract import MethodAdapter, dataset_tensors
+from ..api.contract import MethodAdapter, Range, dataset_tensors
 
 # Seed offsets of the memory samplers' generators (independent of the training batch order).
 REPLAY_STREAM, AGEM_STREAM = 29, 31
@@ -184,13 +184,15 @@ def build_replay(ctx, mem_size: int):
 
 
 ADAPTERS = (
+    # Memories hold >= 1 sample; GEM's margin γ (memory_strength) is >= 0.
     MethodAdapter("gem", {"patterns_per_exp": 64, "memory_strength": 0.5}, build_gem,
                   "Gradient Episodic Memory", "Lopez-Paz & Ranzato, NeurIPS 2017", family="rehearsal",
-                  prefix_cache=True),
+                  prefix_cache=True, hparam_ranges={"patterns_per_exp": Range(low=1), "memory_strength": Range(low=0)}),
     MethodAdapter("agem", {"patterns_per_exp": 64, "sample_size": 64}, build_agem,
                   "Averaged GEM", "Chaudhry et al., ICLR 2019", family="rehearsal", prefix_cache=True,
+                  hparam_ranges={"patterns_per_exp": Range(low=1), "sample_size": Range(low=1)},
                   version="2"),  # 2: memories as tensors, reference batches from seeded per-task streams
     MethodAdapter("replay", {"mem_size": 200}, build_replay, "Experience replay",
-                  "Chaudhry et al. 2019 (ER)", family="rehearsal",
+                  "Chaudhry et al. 2019 (ER)", family="rehearsal", hparam_ranges={"mem_size": Range(low=1)},
                   version="2"),  # 2: B memory rows per minibatch from a seeded stream over tensors
 )

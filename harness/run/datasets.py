@@ -295,9 +295,10 @@ def _missing(present: np.ndarray, n: int) -> tuple[str, int]:
 
 
 def _builtin(name: str, load) -> DataSource:
-    """A built-in data set: its facts (classes, default backbone, origin) are the vocabulary's."""
+    """A built-in data set: its facts (classes, default backbone, origin, sample shape) are the vocabulary's."""
     facts = DATASETS[name]
-    return DataSource(name, load, facts.n_classes, facts.default_model, origin=facts.source)
+    return DataSource(name, load, facts.n_classes, facts.default_model, origin=facts.source,
+                      input_shape=facts.sample_shape)
 
 
 # The built-in data sets, declared as a plug-in file declares its own (harness/api/plugins.py).

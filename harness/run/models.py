@@ -184,10 +184,11 @@ def _pool() -> nn.Module:
 
 
 def _builtin(name: str, build, input_shape: tuple, feature_dim, tail=None) -> Backbone:
-    """A built-in backbone: its facts (blocks, description, norm and bias blocks) are the vocabulary's."""
+    """A built-in backbone: its facts (blocks, description, norm and bias blocks, the sample shapes it
+    takes) are the vocabulary's."""
     facts = MODELS[name]
     return Backbone(name, build, facts.blocks, input_shape, facts.description, facts.norm_blocks,
-                    facts.bias_blocks, feature_dim, tail or {})
+                    facts.bias_blocks, feature_dim, tail or {}, accepts=facts.accepts)
 
 
 # The built-in backbones, declared as a plug-in file declares its own (harness/api/plugins.py).

@@ -42,13 +42,13 @@ def check(req: CheckRequest) -> CheckResult:
 
 
 def _list_protocols(req: ListRequest):
-    import yaml
-
     from ..config.protocol import available_protocols, resolve_protocol_path
+    from ..config.yamlfile import read_yaml
 
     for name in available_protocols():
         try:
-            raw = yaml.safe_load(resolve_protocol_path(name).read_text()) or {}
+            path = resolve_protocol_path(name)
+            raw = read_yaml(path.read_text(), str(path)) or {}
         except Exception:  # listing must not die on one broken file
             raw = {}
         desc = str(raw.get("description", "")).strip().splitlines()[0] if raw.get("description") else ""

@@ -237,6 +237,7 @@ def format_plan(protocol, plan, results, rope: float = 1.0) -> str:
 
     c = plan.counts()
     lines = [terminal_safe(f"protocol {protocol.name} v{protocol.version} ({protocol.source})"),
+             *(terminal_safe(f"warning: {note}") for note in protocol.notes),
              f"grid: {c['datasets']} datasets x {c['regimes']} regimes x {c['methods']} methods x "
              f"{c['orders']} task orders x {c['seeds']} seeds = {c['total']} runs{_restricted(protocol)}",
              terminal_safe(f"done: {c['done']}   to run: {c['todo']}   results: {Path(results) / protocol.name}")]
