@@ -209,6 +209,7 @@ def test_hand_written_ranges_admit_their_ends(tmp_path, registry, name, key, val
 
 METHOD_FILE = '''\
 """A method file with declared ranges."""
+from harness.api.contract import Range
 
 NAME = "ranged-{tag}"
 DEFAULTS = {{"strength": {default}, "mode": "a"}}
