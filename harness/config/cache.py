@@ -1,4 +1,4 @@
-"""Files in the per-user cache ($CL_BENCH_CACHE): ours to rebuild, and verified on every read.
+"""Files in the per-user cache (paths.cache_dir): ours to rebuild, and verified on every read.
 
 Every cache file is written with its content hash beside it (`NAME.sha256`, the `sha256sum`
 line of NAME: the hash and the file's own name) and is used only when its bytes match that
@@ -6,8 +6,8 @@ line. A file that was replaced (another backbone's weights copied over it, or it
 it: the line names the file), damaged, truncated, or written by a cl-bench that kept no hash
 is discarded with one warning line and rebuilt; the rebuild computes what the file's name (a
 key of everything that decides it) says it holds, so no record changes. A cache that cannot
-be written is one CacheError line naming CL_BENCH_CACHE and the path (paths.cache_unwritable).
-A cache that can only be read serves the files it holds.
+be written is one CacheError line naming the cache variable (paths.CACHE_ENV) and the path
+(paths.cache_unwritable); a cache that can only be read serves the files it holds.
 
 Writers of one file take its lock (`NAME.lock`, flock) so concurrent workers build it once.
 """
@@ -95,7 +95,7 @@ def _line(digest: str, path: Path) -> str:
 
 @contextlib.contextmanager
 def writing(path: Path) -> Iterator[None]:
-    """Turn an OSError of writing `path` into the one CacheError line that names CL_BENCH_CACHE."""
+    """Turn an OSError of writing `path` into the one CacheError line that names the cache variable."""
     try:
         yield
     except OSError as exc:

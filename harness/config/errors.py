@@ -47,4 +47,4 @@ class ExportError(UserError, ValueError):
 
 
 class CacheError(UserError):
-    """The per-user cache ($CL_BENCH_CACHE) cannot be written: one line naming the variable and the path."""
+    """The per-user cache (paths.cache_dir) cannot be written: one line naming its variable and the path."""
