@@ -136,11 +136,6 @@ def _few(items: list) -> str:
     return ", ".join(items[:_SHOW]) + more
 
 
-def read_state_dict(path: Path, where: str) -> dict:
-    """torch.load(weights_only=True) of a state dict (names -> tensors); anything else is one line."""
-    return state_from_bytes(_read_bytes(path, where), path, where)
-
-
 def _read_bytes(path: Path, where: str) -> bytes:
     # Read once, then hash and load these same bytes: the file cannot change between the check and the load.
     try:
