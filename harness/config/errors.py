@@ -34,9 +34,17 @@ class DatasetError(UserError, ValueError):
     """A dataset cannot be loaded; the message says why and how to fix it."""
 
 
+class DatasetMissing(DatasetError):
+    """A data set's files are not there (a dry run plans without it); damaged or refused files are not this."""
+
+
 class SweepError(UserError, RuntimeError):
     """The sweep cannot start or continue (locked or unwritable results folder, unknown run id, …)."""
 
 
 class ExportError(UserError, ValueError):
     """Bad export input (no records, unknown format, unreachable experiment)."""
+
+
+class CacheError(UserError):
+    """The per-user cache (paths.cache_dir) cannot be written: one line naming its variable and the path."""

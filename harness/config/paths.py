@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .errors import CacheError
 from .resources import protocols_dir
 
 SUBMISSIONS_ENV = "CL_BENCH_SUBMISSIONS"
@@ -30,11 +31,22 @@ def submission_files() -> list[Path]:
 
 
 def cache_dir(create: bool = False) -> Path:
-    """The per-user cache: $CL_BENCH_CACHE, else ~/.cache/cl-bench."""
-    path = Path(os.environ.get(CACHE_ENV, Path.home() / ".cache" / "cl-bench"))
+    """The per-user cache: $CL_BENCH_CACHE, else ~/.cache/cl-bench (`create`: made, or one CacheError line)."""
+    path = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "cl-bench").expanduser()
     if create:
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheError(cache_unwritable(path, exc)) from None
     return path
+
+
+def cache_unwritable(path: Path, exc: OSError) -> str:
+    """The one line for a cache path that cannot be written: it names CL_BENCH_CACHE, its value and `path`."""
+    value = os.environ.get(CACHE_ENV)
+    where = f"{CACHE_ENV}={value}" if value else f"the default cache {cache_dir()} ({CACHE_ENV} is not set)"
+    return (f"cache folder {where}: cannot write {path} ({exc.strerror or exc}); "
+            f"allowed: {CACHE_ENV} set to a folder this user can write")
 
 
 def data_dir(given: str | None = None) -> Path:

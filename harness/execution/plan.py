@@ -32,13 +32,14 @@ def _n_classes(dataset: DatasetSpec) -> int:
 def data_fingerprints(protocol: Protocol, data_dir: str | None = None, download: bool = False,
                       allow_missing: bool = False) -> dict:
     """The content fingerprint of each data set (None for a missing one when `allow_missing`)."""
-    from ..run.datasets import DatasetError, dataset_fingerprint
+    from ..config.errors import DatasetMissing
+    from ..run.datasets import dataset_fingerprint
 
     out = {}
     for d in protocol.datasets:
         try:
             out[d.name] = dataset_fingerprint(d.name, data_dir, download)
-        except DatasetError:
+        except DatasetMissing:  # absent files only: damaged or refused ones are errors even in a dry run
             if not allow_missing or d.name.startswith(NPZ_PREFIX):  # a user's own file: say what is wrong now
                 raise
             out[d.name] = None

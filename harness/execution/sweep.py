@@ -56,6 +56,7 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
     and the result says `interrupted` and which `signal`.
     """
     folder = protocol_dir(results, protocol.name)
+    created = [p for p in (folder, *folder.parents) if not p.exists()]  # innermost first
     check_writable(folder)
     result = SweepResult()
     started = time.perf_counter()
@@ -67,8 +68,20 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
             result.interrupted, result.signal = True, stop.signal or "SIGINT"
             log(f"\ninterrupted ({result.signal}): {len(result.written)} finished runs are saved; "
                 "run the same command to resume")
+        except BaseException:  # failed before or while running (a bad checkpoint): leave no empty folders
+            _remove_empty(created)
+            raise
     result.wall_s = time.perf_counter() - started
     return result
+
+
+def _remove_empty(folders) -> None:
+    """Remove the folders this sweep created that are still empty, innermost first."""
+    for path in folders:
+        try:
+            path.rmdir()
+        except OSError:  # not empty (a record, another process's file): keep it and what holds it
+            return
 
 
 def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_record, log, result) -> None:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import hashlib
+import io
+import pickle
 import zipfile
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -12,8 +14,8 @@ import numpy as np
 
 from ..api.plugins import DataSource, PluginError, lookup, register_builtins
 from ..config import paths
-from ..config.errors import DatasetError
-from ..config.files import atomic_path
+from ..config.cache import cached
+from ..config.errors import DatasetError, DatasetMissing
 from ..config.paths import cache_dir
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
 
@@ -70,23 +72,31 @@ def _digits(*_) -> TensorData:
     return _as_data("digits", x_tr.reshape(-1, 1, 8, 8), y_tr, x_te.reshape(-1, 1, 8, 8), y_te)
 
 
+MNIST1D_ARRAYS = ("x", "y", "x_test", "y_test")
+
+
 def _mnist1d(*_) -> TensorData:
+    arrays = cached(cache_dir() / "mnist1d-default.npz", _mnist1d_parse, _mnist1d_build).value
+    return _as_data("mnist1d", *(arrays[k] for k in MNIST1D_ARRAYS))
+
+
+def _mnist1d_build() -> tuple[dict, bytes]:
     from mnist1d.data import get_dataset_args, make_dataset
 
-    cache = cache_dir(create=True) / "mnist1d-default.npz"
-    if cache.exists():
-        arrays = np.load(cache)
-    else:
-        # make_dataset generates offline; mnist1d's own default would download a pickle.
-        d = make_dataset(get_dataset_args())
-        arrays = {k: d[k] for k in ("x", "y", "x_test", "y_test")}
-        _atomic_savez(cache, arrays)
-    return _as_data("mnist1d", arrays["x"], arrays["y"], arrays["x_test"], arrays["y_test"])
+    # make_dataset generates offline; mnist1d's own default would download a pickle.
+    d = make_dataset(get_dataset_args())
+    arrays = {k: d[k] for k in MNIST1D_ARRAYS}
+    buffer = io.BytesIO()  # a file object: savez would add ".npz" to a name
+    np.savez(buffer, **arrays)
+    return arrays, buffer.getvalue()
 
 
-def _atomic_savez(path: Path, arrays: dict) -> None:
-    with atomic_path(path) as tmp, open(tmp, "wb") as fh:  # a file object: savez would add ".npz" to a name
-        np.savez(fh, **arrays)
+def _mnist1d_parse(data: bytes) -> dict:
+    # The cache's bytes are hash-checked before this; allow_pickle=False all the same.
+    with np.load(io.BytesIO(data), allow_pickle=False) as f:
+        arrays = {k: f[k] for k in MNIST1D_ARRAYS}
+    validate_arrays("mnist1d", dict(zip(ARRAYS, arrays.values())))
+    return arrays
 
 
 # name -> (torchvision class name, channels, normalisation mean, std)
@@ -111,48 +121,185 @@ def _torchvision(name: str, given: str | None = None, download: bool = False) ->
     try:
         train, test = cls(str(root), train=True, download=download), cls(str(root), train=False, download=download)
     except RuntimeError as exc:
+        if not _not_there(exc):
+            raise _damaged(name, root, cls_name, exc) from None
         if download:
             raise DatasetError(f"dataset {name!r}: download into {root} failed: {exc}") from None
-        raise DatasetError(
+        raise DatasetMissing(
             f"dataset {name!r} not found under {root} (torchvision {cls_name} layout); "
             f"pass --data-dir DIR pointing at it, or add --download to fetch it") from None
+    except Exception as exc:  # torchvision's readers assert, or fail on short or junk bytes
+        raise _damaged(name, root, cls_name, exc) from None
     x_tr, y_tr = _torchvision_arrays(train)
     x_te, y_te = _torchvision_arrays(test)
+    for split, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
+        if len(x) != len(y) or not len(y):
+            raise _damaged(name, root, cls_name, ValueError(f"{split}: {len(x)} images, {len(y)} labels"))
     m = torch.tensor(mean).view(1, -1, 1, 1)
     s = torch.tensor(std).view(1, -1, 1, 1)
     return TensorData(name, (x_tr - m) / s, y_tr, (x_te - m) / s, y_te)
 
 
+def _not_there(exc: RuntimeError) -> bool:
+    """torchvision's own "not found" (no files) or a failed download, not an error reading present files."""
+    return "not found" in str(exc) or "download" in str(exc).lower()
+
+
+def _damaged(name: str, root: Path, cls_name: str, exc: BaseException) -> DatasetError:
+    return DatasetError(f"dataset {name!r}: the files under {root / cls_name} cannot be read, damaged? "
+                        f"({_first_line(exc)}); allowed: torchvision's {cls_name} files (remove them and pass "
+                        "--download to fetch them again)")
+
+
 def _cifar100(root: Path, download: bool, mean, std) -> TensorData:
-    """CIFAR-100 from its on-disk pickles (`cifar-100-python/{train,test}`).
+    """CIFAR-100 from its on-disk pickles (`cifar-100-python/{train,test}`), read by `read_cifar_pickle`.
 
     Read directly rather than through torchvision's class, whose md5 check would reject
-    re-packed or partial copies; torchvision is used only to download.
+    re-packed or partial copies and whose plain pickle.load would run code from a poisoned file;
+    torchvision is used only to download (its archive's md5 is checked).
     """
-    import pickle
-
     import torch
 
     folder = root / "cifar-100-python"
     if not (folder / "train").is_file() and download:
-        import torchvision.datasets as tvd
-
-        try:
-            tvd.CIFAR100(str(root), train=True, download=True)
-        except Exception as exc:
-            raise DatasetError(f"dataset 'cifar100': download into {root} failed: {exc}") from None
+        _download_cifar100(root)
     arrays = []
     for split in ("train", "test"):
         path = folder / split
         if not path.is_file():
-            raise DatasetError(f"dataset 'cifar100' not found: {path} is missing (torchvision CIFAR100 layout); "
+            raise DatasetMissing(f"dataset 'cifar100' not found: {path} is missing (torchvision CIFAR100 layout); "
                                "pass --data-dir DIR pointing at it, or add --download to fetch it")
-        with open(path, "rb") as fh:
-            entry = pickle.load(fh, encoding="latin1")
-        x = torch.as_tensor(np.asarray(entry["data"], dtype=np.uint8)).view(-1, 3, 32, 32).float() / 255.0
-        arrays += [x, torch.as_tensor(np.asarray(entry["fine_labels"])).long()]
+        pixels, labels = _cifar_arrays(path, read_cifar_pickle(path))
+        x = torch.as_tensor(pixels).view(-1, 3, 32, 32).float() / 255.0
+        arrays += [x, torch.as_tensor(labels).long()]
     m, s = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
     return TensorData("cifar100", (arrays[0] - m) / s, arrays[1], (arrays[2] - m) / s, arrays[3])
+
+
+def _download_cifar100(root: Path) -> None:
+    from torchvision.datasets import CIFAR100
+    from torchvision.datasets.utils import download_and_extract_archive
+
+    try:  # only the archive (md5-checked) and its extraction: nothing here unpickles
+        download_and_extract_archive(CIFAR100.url, str(root), filename=CIFAR100.filename, md5=CIFAR100.tgz_md5)
+    except Exception as exc:
+        raise DatasetError(f"dataset 'cifar100': download into {root} failed: {exc}") from None
+
+
+class _Forbidden(Exception):
+    """A global a CIFAR-100 pickle never references (the message names it)."""
+
+
+def _empty_array(reconstruct):
+    def empty_array(cls, shape, typecode):
+        # numpy pickles every array as _reconstruct(ndarray, (0,), 'b') and then its state;
+        # any other shape would allocate memory before the state is checked.
+        if cls is not np.ndarray or tuple(shape) != (0,):
+            raise _Forbidden(f"numpy _reconstruct({getattr(cls, '__name__', cls)!s:.40}, {shape!s:.40})")
+        return reconstruct(cls, shape, typecode)
+    return empty_array
+
+
+def _latin1(text, encoding="utf-8", errors="strict"):
+    # Python 3 pickles bytes under protocol <= 2 as _codecs.encode(text, 'latin1').
+    if encoding not in ("latin1", "latin-1") or errors != "strict" or not isinstance(text, str):
+        raise _Forbidden(f"_codecs.encode with encoding {encoding!r:.40}")
+    return text.encode("latin1")
+
+
+def _cifar_globals() -> dict:
+    """(module, name) -> object: every global a CIFAR-100 pickle may reference, and nothing else.
+
+    The genuine files (python 2, numpy 1, protocol 2) reference numpy.core.multiarray._reconstruct,
+    numpy.ndarray and numpy.dtype; copies re-pickled by numpy 2 (numpy._core), Python 3 (_codecs.encode
+    for bytes under protocol 2) or protocol 5 (_frombuffer, numpy scalars) reference the rest. Each
+    object is taken from numpy's own pickling, so no module is imported by name from the file.
+    """
+    reconstruct = np.zeros(0).__reduce__()[0]
+    frombuffer = np.zeros(1).__reduce_ex__(5)[0]
+    scalar = np.int64(0).__reduce__()[0]
+    found = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype, ("_codecs", "encode"): _latin1}
+    for package in ("numpy.core", "numpy._core"):  # numpy 1 and numpy 2 names of the same functions
+        found[(f"{package}.multiarray", "_reconstruct")] = _empty_array(reconstruct)
+        found[(f"{package}.multiarray", "scalar")] = scalar
+        found[(f"{package}.numeric", "_frombuffer")] = frombuffer
+    return found
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """An unpickler that builds only dicts, lists, tuples, strings, numbers and numpy arrays."""
+
+    ALLOWED = _cifar_globals()
+
+    def find_class(self, module, name):
+        """The allowed object for (module, name); _Forbidden for anything else (nothing is imported)."""
+        found = self.ALLOWED.get((module, name))
+        if found is None:
+            raise _Forbidden(f"{module}.{name}"[:120])
+        return found
+
+    def persistent_load(self, pid):
+        """Persistent ids are never in a CIFAR-100 file."""
+        raise _Forbidden("a persistent id")
+
+
+def read_cifar_pickle(path: Path):
+    """The object in a CIFAR pickle file, unpickled without running code from it; one DatasetError line
+    for a file that references anything but builtin containers and numpy arrays, or cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            return _CifarUnpickler(fh, encoding="latin1").load()
+    except _Forbidden as exc:
+        raise DatasetError(f"dataset 'cifar100': {path} refused: the pickle references {exc}, which no "
+                           "CIFAR-100 file does; allowed: dicts, lists, strings, numbers and numpy arrays "
+                           "(nothing from the file was run)") from None
+    except Exception as exc:  # truncated, random bytes, a folder: whatever the pickle module raises
+        raise DatasetError(f"dataset 'cifar100': {path} is damaged ({_first_line(exc)}); allowed: the python-version "
+                           "CIFAR-100 pickle (remove it and pass --download to fetch it again)") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = (str(exc).strip().splitlines() or [""])[0][:200]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+CIFAR_PIXELS = 3 * 32 * 32
+
+
+def _cifar_arrays(path: Path, entry) -> tuple[np.ndarray, np.ndarray]:
+    """(pixels as uint8 (n, 3072), fine labels as int64 (n,)) of one split's dict; one DatasetError line
+    naming the file and the key for anything else."""
+    def fail(message: str):
+        raise DatasetError(f"dataset 'cifar100': {path}: {message}")
+
+    if not isinstance(entry, dict):
+        fail(f"holds a {type(entry).__name__}; allowed: the CIFAR-100 dict with 'data' and 'fine_labels'")
+    missing = [k for k in ("data", "fine_labels") if k not in entry]
+    if missing:
+        fail(f"missing keys {missing}; allowed: the CIFAR-100 dict with 'data' and 'fine_labels'")
+    data, labels = _numeric(fail, entry, "data"), _numeric(fail, entry, "fine_labels")
+    n = len(labels) if labels.ndim == 1 else -1
+    if labels.ndim != 1 or n == 0:
+        fail(f"'fine_labels' has shape {labels.shape}; allowed: one label per sample (a non-empty list)")
+    if data.ndim < 2 or data.size != n * CIFAR_PIXELS:
+        fail(f"'data' has shape {data.shape} for {n} labels; allowed: ({n}, {CIFAR_PIXELS}) pixel values")
+    if data.dtype != np.uint8 and (data.min() < 0 or data.max() > 255):
+        fail(f"'data' has values outside 0..255 ({data.min()}..{data.max()}); allowed: 8-bit pixel values")
+    if labels.min() < 0 or labels.max() >= DATASETS["cifar100"].n_classes:
+        fail(f"'fine_labels' runs {labels.min()}..{labels.max()}; "
+             f"allowed: class indices 0..{DATASETS['cifar100'].n_classes - 1}")
+    return np.asarray(data, dtype=np.uint8), np.asarray(labels, dtype=np.int64)
+
+
+def _numeric(fail, entry: dict, key: str) -> np.ndarray:
+    """entry[key] as an integer array; `fail` for a ragged list, strings, floats or objects."""
+    try:
+        array = np.asarray(entry[key])
+    except (ValueError, TypeError) as exc:
+        fail(f"{key!r} is not an array ({_first_line(exc)}); allowed: integers")
+    if array.dtype.kind not in "iu":
+        fail(f"{key!r} holds {array.dtype} values; allowed: integers (uint8 pixels, int labels)")
+    return array
 
 
 def _torchvision_arrays(ds):

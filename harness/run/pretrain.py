@@ -4,12 +4,14 @@ A pretrained backbone is the state dict of a model's `blocks.*` (never its heads
 size depend on the protocol). `pretrained_backbone` resolves a run's `Pretrain` value once: its
 state and where its weights came from. Three sources (config.pretrain):
 
-- `checkpoint`: a user's file, checked against the hash the protocol was loaded with;
+- `checkpoint`: a user's file, checked against the hash the protocol was loaded with (the bytes hashed
+  are the bytes loaded);
 - `dataset`: the blocks plus ONE temporary linear head over every class of the pretraining data,
   trained with SGD (momentum 0.9) by the recipe, seeded, on the run's device; the head is dropped.
   The result is cached under `cache_dir()/pretrained/<key>.pt`, the key a hash of everything that
   decides it (`Pretrain.cache_key` of the recipe in its `key_context`), so a sweep computes each
-  backbone once (`prepare_pretrained`);
+  backbone once (`prepare_pretrained`); the file's sha256 is stored beside it and checked on every
+  read (config.cache): a replaced or damaged file is retrained, with one warning line;
 - `torchvision`: ImageNet weights for model resnet18, read from torch hub's cache, fetched only
   with --download.
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import math
 import os
 from dataclasses import dataclass
@@ -31,8 +34,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..config.cache import cached
 from ..config.errors import PretrainError
-from ..config.files import atomic_path, file_sha256
 from ..config.paths import cache_dir
 from ..config.pretrain import DatasetRecipe, Pretrain, PretrainKind
 from .datasets import TensorData, dataset_fingerprint, load_dataset
@@ -133,18 +136,38 @@ def _few(items: list) -> str:
     return ", ".join(items[:_SHOW]) + more
 
 
-def read_state_dict(path: Path, where: str) -> dict:
-    """torch.load(weights_only=True) of a state dict (names -> tensors); anything else is one line."""
+def _read_bytes(path: Path, where: str) -> bytes:
+    # Read once, then hash and load these same bytes: the file cannot change between the check and the load.
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # pickle, zip, EOF, OS errors: one line whatever the cause
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise PretrainError(f"{where}: cannot read {path} as a torch state dict ({type(exc).__name__}: "
-                            f"{first}); allowed: a file written by torch.save(model.state_dict(), PATH)") from None
+        return path.read_bytes()
+    except OSError as exc:
+        raise PretrainError(f"{where}: cannot read {path} ({exc.strerror or exc})") from None
+
+
+def state_from_bytes(data: bytes, path: Path, where: str) -> dict:
+    """The state dict a torch.save file's bytes hold (torch.load(weights_only=True)); one PretrainError line
+    for anything else."""
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # pickle, zip, EOF errors: one line whatever the cause
+        raise PretrainError(f"{where}: cannot read {path} as a torch state dict ({_load_problem(exc)}); "
+                            "allowed: a file written by torch.save(model.state_dict(), PATH)") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
         raise PretrainError(f"{where}: {path} holds a {type(state).__name__}, not a state dict; allowed: a mapping "
                             "of parameter names to tensors (torch.save(model.state_dict(), PATH))")
     return state
+
+
+def _load_problem(exc: Exception) -> str:
+    """The telling line of a torch.load error: for a weights-only refusal, what was refused (torch's first
+    line there only suggests weights_only=False, which would run the file's code)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if lines and lines[0].startswith("Weights only load failed"):
+        told = [line.removeprefix("Please file an issue with the following so that we can make `weights_only=True` "
+                                  "compatible with your use case: ").removeprefix("WeightsUnpickler error:").strip()
+                for line in lines[1:] if not line.startswith("Check the documentation")]
+        return "weights-only load refused: " + (" ".join(t for t in told if t) or "not tensors")[:200]
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
 
 
 def _blocks_only(state: dict, where: str) -> dict:
@@ -156,30 +179,19 @@ def _blocks_only(state: dict, where: str) -> dict:
     return {k: v for k, v in state.items() if k.startswith(BLOCKS)}
 
 
-_SHA: dict[tuple[str, int, int], str] = {}
-
-
-def _sha256(path: Path) -> str:
-    """file_sha256, remembered per (path, size, mtime) so a run does not hash a file twice."""
-    stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns)
-    if key not in _SHA:
-        _SHA[key] = file_sha256(path)
-    return _SHA[key]
-
-
 # -- checkpoint ------------------------------------------------------------------------------------
 def _checkpoint(pretrain: Pretrain) -> tuple[dict, Weights]:
     path = Path(pretrain.checkpoint)
     where = f"pretrain.checkpoint {path}"
     if not path.is_file():
         raise PretrainError(f"{where}: no such file; allowed: the file the protocol was loaded with")
-    found = _sha256(path)
+    data = _read_bytes(path, where)
+    found = hashlib.sha256(data).hexdigest()
     if found != pretrain.sha256:
         raise PretrainError(f"{where}: the file changed since the protocol was loaded (sha256 {found[:12]}, planned "
                             f"{pretrain.sha256[:12]}); load the protocol and plan the sweep again")
     weights = Weights(pretrain.kind.value, pretrain.cache_key(), str(path), found)
-    return _blocks_only(read_state_dict(path, where), where), weights
+    return _blocks_only(state_from_bytes(data, path, where), where), weights
 
 
 # -- torchvision -----------------------------------------------------------------------------------
@@ -209,8 +221,9 @@ def _torchvision(pretrain: Pretrain, input_shape: tuple, download: bool, log) ->
         except Exception as exc:  # network, hash, disk: the user can act on the one line
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             raise PretrainError(f"{where}: download failed ({type(exc).__name__}: {first})") from None
-    weights = Weights(pretrain.kind.value, pretrain.cache_key(), str(path), _sha256(path))
-    return torchvision_to_blocks(read_state_dict(path, where), int(input_shape[0])), weights
+    data = _read_bytes(path, where)
+    weights = Weights(pretrain.kind.value, pretrain.cache_key(), str(path), hashlib.sha256(data).hexdigest())
+    return torchvision_to_blocks(state_from_bytes(data, path, where), int(input_shape[0])), weights
 
 
 # -- dataset: held-out samples ---------------------------------------------------------------------
@@ -276,49 +289,20 @@ def _dataset(spec, input_shape: tuple, data_dir, download, device: torch.device,
     x, y, n_classes, fingerprint = _pretrain_data(pretrain.recipe, spec.dataset.name, input_shape, data_dir, download)
     key = pretrain.cache_key(**key_context(pretrain, spec.dataset.model, input_shape, fingerprint, device.type))
     path = pretrained_dir() / f"{key}.pt"
-    state = _read_cached(path)
-    if state is None:
-        with _locked(path):  # concurrent workers: one trains, the others wait and read its file
-            state = _read_cached(path)
-            if state is None:
-                if log:
-                    log(f"pretrain: training {spec.dataset.model} on {pretrain.label} ({len(y)} samples) -> {path}")
-                state = train_backbone(spec.dataset.model, x, y, n_classes, pretrain.recipe, device)
-                _atomic_save(state, path)
-    elif log:
+
+    def build() -> tuple[dict, bytes]:
+        if log:
+            log(f"pretrain: training {spec.dataset.model} on {pretrain.label} ({len(y)} samples) -> {path}")
+        state = train_backbone(spec.dataset.model, x, y, n_classes, pretrain.recipe, device)
+        buffer = io.BytesIO()  # not the temp file's path: torch.save names the archive inside after it
+        torch.save(state, buffer)
+        return state, buffer.getvalue()
+
+    # Verified against the sha256 stored beside it on every read: a replaced or damaged file is rebuilt.
+    entry = cached(path, lambda data: state_from_bytes(data, path, "pretrain cache"), build, warn=log)
+    if log and not entry.built:
         log(f"pretrain: cached backbone {path}")
-    return state, Weights(pretrain.kind.value, key, str(path), _sha256(path))
-
-
-def _read_cached(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # a damaged cache entry is recomputed, never trusted
-        return None
-
-
-@contextlib.contextmanager
-def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): workers may both train; the atomic rename keeps the file whole
-        yield
-        return
-    with open(path.with_name(path.name + ".lock"), "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _atomic_save(state: dict, path: Path) -> None:
-    # A reader sees the old file or the whole new one, never a partial write.
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    return entry.value, Weights(pretrain.kind.value, key, str(path), entry.sha256)
 
 
 # -- dataset: training -----------------------------------------------------------------------------
