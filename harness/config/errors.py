@@ -40,3 +40,8 @@ class SweepError(UserError, RuntimeError):
 
 class ExportError(UserError, ValueError):
     """Bad export input (no records, unknown format, unreachable experiment)."""
+
+
+class OutputError(UserError, ValueError):
+    """An output path cl-bench will not write: a symbolic link in it, a path leaving its folder, the
+    results folder's record area, or a non-empty folder that is not a site's (without --force)."""
