@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..config.errors import PretrainError
-from ..config.files import atomic_path, file_sha256
+from ..config.files import atomic_path, ensure_dir, file_sha256
 from ..config.paths import cache_dir
 from ..config.pretrain import DatasetRecipe, Pretrain, PretrainKind
 from .datasets import TensorData, dataset_fingerprint, load_dataset
@@ -301,18 +301,22 @@ def _read_cached(path: Path) -> dict | None:
 
 @contextlib.contextmanager
 def _locked(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
+    ensure_dir(path.parent.parent, path.parent.name)  # the cache's folder: made, never followed through a link
     try:
         import fcntl
     except ImportError:  # no flock (Windows): workers may both train; the atomic rename keeps the file whole
         yield
         return
-    with open(path.with_name(path.name + ".lock"), "a+") as fh:
+    with open(path.with_name(path.name + ".lock"), "a+", opener=_no_follow) as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _no_follow(path, flags):
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
 
 
 def _atomic_save(state: dict, path: Path) -> None:
