@@ -183,7 +183,7 @@ def test_leaderboard_passes_rope_to_the_site(monkeypatch, tmp_path):
     (tmp_path / "proto" / "runs").mkdir(parents=True)
     assert main(["leaderboard", "--results", str(tmp_path), "--rope", "0.5"]) == 0
     assert seen["rope"] == 0.5
-    service.build_leaderboard(tmp_path, "proto", out=str(tmp_path), rope=2.0)
+    service.build_leaderboard(tmp_path, "proto", out=str(tmp_path / "proto" / "site"), rope=2.0)
     assert seen["rope"] == 2.0
 
 

@@ -152,7 +152,7 @@ def _without_duplicates(groups) -> list[dict]:
 def main() -> None:
     """Regenerate harness/api/_index.json from the live built-in modules."""
     index = build_index()
-    INDEX_PATH.write_text(json.dumps(index, indent=1) + "\n")
+    write_atomic(INDEX_PATH, json.dumps(index, indent=1) + "\n")
     print(f"{INDEX_PATH}: {len(index['methods'])} built-in methods, fingerprint {index['fingerprint'][:12]}")
 
 

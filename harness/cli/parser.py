@@ -220,7 +220,11 @@ def _add_leaderboard(sub, fmt) -> None:
                         epilog=LEADERBOARD_EXAMPLES, formatter_class=fmt)
     lb.add_argument("--results", default=defaults.RESULTS, help=RESULTS_HELP)
     lb.add_argument("--protocol", help="protocol name inside the results folder (default: each one found)")
-    lb.add_argument("--out", help="output folder (default: <results>/<protocol>/site/)")
+    lb.add_argument("--out", help="output folder (default: <results>/<protocol>/site/); a non-empty folder "
+                                  "must hold a site cl-bench built, unless --force")
+    lb.add_argument("--force", action="store_true",
+                    help="write the site into a non-empty --out folder that holds no site (its index.html, "
+                         "data/ and runs/ files are overwritten)")
     lb.add_argument("--from-mlflow", metavar="URI",
                     help="build from the record artifacts of an MLflow experiment instead of --results")
     lb.add_argument("--experiment", help="MLflow experiment with --from-mlflow (default: --protocol)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CacheError
-from .files import write_atomic
-from .paths import cache_unwritable
+from .files import ensure_dir, write_atomic
+from .paths import cache_dir, cache_unwritable
 
 SIDECAR = ".sha256"
 
@@ -83,7 +84,7 @@ def store(path: Path, data: bytes) -> str:
     """Write `data` to cache file `path` and its sha256 line beside it (each atomically); returns the hash."""
     digest = hashlib.sha256(data).hexdigest()
     with writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _folder(path)
         write_atomic(path, data)
         write_atomic(path.with_name(path.name + SIDECAR), _line(digest, path))
     return digest
@@ -106,20 +107,33 @@ def writing(path: Path) -> Iterator[None]:
 def locked(path: Path) -> Iterator[None]:
     """Hold `path`'s writer lock (NAME.lock beside it) for the block."""
     with writing(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _folder(path)
     try:
         import fcntl
     except ImportError:  # no flock (Windows): workers may both build; the atomic rename keeps the file whole
         yield
         return
     with writing(path):
-        fh = open(path.with_name(path.name + ".lock"), "a+")  # noqa: SIM115 (held across the yield)
+        fh = open(path.with_name(path.name + ".lock"), "a+", opener=_no_follow)  # noqa: SIM115 (held across the yield)
     with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _folder(path: Path) -> Path:
+    # The cache folder the user named may be a link; nothing below it may be (config.files.ensure_dir).
+    root = cache_dir()
+    try:
+        return ensure_dir(root, path.parent.relative_to(root))
+    except ValueError:  # a cache file outside cache_dir(): its own folder is the root
+        return ensure_dir(path.parent)
+
+
+def _no_follow(path, flags):
+    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
 
 
 def _stderr(line: str) -> None:

@@ -48,3 +48,8 @@ class ExportError(UserError, ValueError):
 
 class CacheError(UserError):
     """The per-user cache (paths.cache_dir) cannot be written: one line naming its variable and the path."""
+
+
+class OutputError(UserError, ValueError):
+    """An output path cl-bench will not write: a symbolic link in it, a path leaving its folder, the
+    results folder's record area, or a non-empty folder that is not a site's (without --force)."""

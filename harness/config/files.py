@@ -1,20 +1,33 @@
-"""Files: the one content hash and the one atomic writer every wing uses.
+"""Files: the one content hash, the one atomic writer, and the one check that a write stays in its folder.
 
 An atomic write goes to a temp file next to the target, then `os.replace` puts it in place:
 a reader (or a process killed mid-write) sees the old file or the whole new one, never a part.
 The temp file's name carries TMP_MARK, so a results folder can tell a leftover from a record.
+
+Every writer names the folder it owns (`root`: the results folder, an --out folder, the cache)
+and a path below it. `ensure_dir` and `safe_target` create or check each part of that path
+without following links: cl-bench creates no symbolic links, so one found below a root was put
+there by someone else (a received results folder, a shared site) and writing through it would
+land outside the folder; it is refused with one line naming it (OutputError), as is a `..` or an
+absolute path. The root itself is the user's choice and may be, or pass through, a link.
+A write that fails (disk full) raises an OSError naming the target, and leaves no temp file.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePath
+
+from .errors import OutputError
 
 TMP_MARK = ".tmp-"
 CHUNK = 1 << 20  # checkpoints can be large: hash them in pieces
+# A new temp file: never through a link (O_EXCL does not follow one, O_NOFOLLOW says so twice).
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def file_sha256(path: str | Path) -> str:
@@ -31,33 +44,193 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}.{threading.get_ident()}")
 
 
+# -- staying inside a folder ----------------------------------------------------------------------
+def link_error(path: str | Path) -> OutputError:
+    """The one-line refusal to write through the symbolic link `path`."""
+    return OutputError(f"{path}: is a symbolic link; cl-bench does not write through a link it did not "
+                       "create (remove the link, or choose another folder)")
+
+
+def refuse_link(path: str | Path) -> Path:
+    """`path`, unless it is a symbolic link (OutputError naming it)."""
+    if os.path.islink(path):
+        raise link_error(path)
+    return Path(path)
+
+
+def relative_parts(root: str | Path, rel: str | PurePath) -> tuple[str, ...]:
+    """The parts of `rel` below `root`; OutputError for an absolute path or a `..` (it would leave root)."""
+    rel = PurePath(rel)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise OutputError(f"{Path(root) / rel}: leaves the folder {root}; allowed: a path inside it")
+    return rel.parts
+
+
+def inside(root: str | Path, path: str | Path) -> PurePath:
+    """`path` relative to `root` (both as written, not resolved); OutputError when it is not below root."""
+    try:
+        return PurePath(path).relative_to(PurePath(root))
+    except ValueError:
+        raise OutputError(f"{path}: outside the folder {root}; allowed: a path inside it") from None
+
+
+def check_links(root: str | Path, rel: str | PurePath = ".") -> Path:
+    """root/rel, after checking that no existing part of it below root is a link, and all but the last
+    are folders (nothing is created)."""
+    return _walk(Path(root), relative_parts(root, rel), create=False)
+
+
+def ensure_dir(root: str | Path, rel: str | PurePath = ".") -> Path:
+    """The folder root/rel, each missing part created without following a link, none of them a link."""
+    root = Path(root)
+    parts = relative_parts(root, rel)
+    root.mkdir(parents=True, exist_ok=True)
+    return _walk(root, parts, create=True)
+
+
+def safe_target(root: str | Path, rel: str | PurePath) -> Path:
+    """root/rel for a file to be written: its folders made by `ensure_dir`; the file, if any, not a link."""
+    parts = relative_parts(root, rel)
+    if not parts:
+        raise OutputError(f"{root}: is the folder itself; allowed: a file inside it")
+    return refuse_link(ensure_dir(root, PurePath(*parts[:-1]) if len(parts) > 1 else ".") / parts[-1])
+
+
+def _walk(path: Path, parts: tuple[str, ...], create: bool) -> Path:
+    for i, part in enumerate(parts):
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            if not create:  # nothing below a missing part can be a link
+                return path.joinpath(*parts[i + 1:])
+            try:
+                os.mkdir(path)  # never follows a link: an existing one makes it fail
+                continue
+            except FileExistsError:  # made meanwhile: check what it is
+                mode = os.lstat(path).st_mode
+        if stat.S_ISLNK(mode):
+            raise link_error(path)
+        if not stat.S_ISDIR(mode) and (create or i < len(parts) - 1):  # a checked path may end in a file
+            raise OutputError(f"{path}: is a file, not a folder; allowed: a folder (or nothing) there")
+    return path
+
+
+# -- atomic writes --------------------------------------------------------------------------------
 @contextmanager
 def atomic_path(path: str | Path, fsync: bool = False) -> Iterator[Path]:
     """A temp path to write in the block; renamed onto `path` when the block ends cleanly, removed otherwise.
 
     For writers that want a path of their own (`torch.save`); `fsync` makes the file durable
-    before the rename (records: a crash must not leave a renamed but empty file).
+    before the rename (records: a crash must not leave a renamed but empty file). A link at
+    `path` is refused (OutputError); an OSError in the block names `path`.
     """
-    path = Path(path)
+    path = refuse_link(path)
     tmp = temp_path(path)
     try:
+        tmp.unlink(missing_ok=True)  # a leftover, or a link planted under the temp name: never written through
         yield tmp
         if fsync:
             _fsync(tmp)
         os.replace(tmp, path)
+    except OSError as exc:
+        raise naming(exc, path) from None
     finally:
         tmp.unlink(missing_ok=True)
 
 
 def write_atomic(path: str | Path, data: str | bytes, fsync: bool = False) -> Path:
-    """Write text (UTF-8) or bytes to `path` atomically; returns the path."""
-    path = Path(path)
-    with atomic_path(path, fsync=fsync) as tmp:
-        if isinstance(data, str):
-            tmp.write_text(data, encoding="utf-8")
-        else:
-            tmp.write_bytes(data)
+    """Write text (UTF-8) or bytes to `path` atomically; returns the path (see `atomic_path`)."""
+    path = refuse_link(path)
+    tmp = temp_path(path)
+    try:
+        _write_new(tmp, data, fsync)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise naming(exc, path) from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
+
+
+class AtomicWrites:
+    """Files written under temp names, then renamed into place together: a batch that fails half-way
+    (disk full) leaves every target as it was and no temp file. Use as a context manager: leaving the
+    block cleanly commits, an error aborts. A later write of the same path replaces the earlier one.
+    """
+
+    def __init__(self):
+        self.staged: dict[Path, Path] = {}  # target -> its temp file, in write order
+        self.done: list[Path] = []  # targets renamed into place
+
+    def __enter__(self) -> AtomicWrites:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+        return False
+
+    def write(self, path: str | Path, data: str | bytes) -> Path:
+        """Stage text (UTF-8) or bytes for `path` (not a link); returns the path."""
+        path = refuse_link(path)
+        tmp = temp_path(path)
+        try:
+            _write_new(tmp, data, fsync=False)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise naming(exc, path) from None
+        self.staged.pop(path, None)
+        self.staged[path] = tmp
+        return path
+
+    def commit(self) -> list[Path]:
+        """Rename every staged file onto its target (in write order); returns the targets."""
+        try:
+            for path, tmp in self.staged.items():
+                try:
+                    os.replace(refuse_link(tmp), refuse_link(path))
+                except OSError as exc:
+                    raise naming(exc, path) from None
+                self.done.append(path)
+        finally:
+            self.abort()
+        return list(self.done)
+
+    def abort(self) -> None:
+        """Remove the temp files not yet renamed."""
+        done = set(self.done)
+        for path, tmp in self.staged.items():
+            if path not in done:
+                tmp.unlink(missing_ok=True)
+        self.staged = {}
+
+
+def naming(exc: OSError, path: Path) -> OSError:
+    """The OSError `exc` as one naming `path` (a write error on a file descriptor names no file)."""
+    reason = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc))
+    return OSError(exc.errno, reason, str(path))
+
+
+def _write_new(tmp: Path, data: str | bytes, fsync: bool) -> None:
+    """Create `tmp` afresh (a leftover or a planted link is removed first, never followed) holding `data`."""
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, _NEW_FILE, 0o666)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as fh:
+            _write_all(fh, data.encode("utf-8") if isinstance(data, str) else data)
+            fh.flush()
+            if fsync:
+                os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fh, data: bytes) -> None:
+    """All of `data` to the open file (its own function: the fault tests make it fail half-way)."""
+    fh.write(data)
 
 
 def _fsync(path: Path) -> None:

@@ -5,7 +5,7 @@ import dataclasses
 from pathlib import Path
 
 from .errors import ProtocolError, UserError
-from .paths import protocol_dirs
+from .paths import RESERVED_NAMES, is_reserved_name, protocol_dirs
 from .pretrain import PretrainError, PretrainKind, parse_pretrain
 from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
 from .validate import MAX_SEED, Validator, quoted_number, show
@@ -117,6 +117,9 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
     v = _ProtocolValidator(source, ProtocolError)
     v.mapping(raw, "(top level)", PROTOCOL_KEYS, REQUIRED_KEYS)
     name = v.name(raw["name"], "name")
+    if is_reserved_name(name):  # its folder under --results would hide the other protocols' records
+        v.fail("name", f"{show(name)} is a name of the results folder's layout; allowed: any valid name "
+                       f"but {', '.join(RESERVED_NAMES)} (in any case)")
     version = v.version(raw["version"])
     plugin_files = v.plugins(raw.get("plugins", []))
     registry = v.with_plugins(registry, plugin_files)  # their names are known from here on

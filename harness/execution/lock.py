@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.errors import SweepError
+from ..config.files import link_error
+from ..config.paths import LOCK
 
 
 class ResultsLock:
@@ -25,14 +27,15 @@ class ResultsLock:
     _held: set = set()  # lock files this process holds: our own pid in one of them is not stale
 
     def __init__(self, folder: Path, log=print):
-        self.path = Path(folder) / ".lock"
+        self.path = Path(folder) / LOCK
         self.log = log
 
     def __enter__(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(2):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                # O_EXCL: an existing file or link (even a dangling one) is never opened, let alone followed
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
             except FileExistsError:
                 self._handle_existing()
                 continue
@@ -43,6 +46,8 @@ class ResultsLock:
         raise SweepError(f"{self.path}: could not take the lock")
 
     def _handle_existing(self):
+        if self.path.is_symlink():  # not ours: reading it could hang (a FIFO), removing it hides who made it
+            raise link_error(self.path)
         holder = _read_lock(self.path)
         reason = None if self._key() in self._held else _stale_reason(holder)
         if reason is None:

@@ -192,9 +192,9 @@ def _keep(rerun: RunRecord, out: str | None) -> Path | None:
     """Write the rerun's record under `out` (or a temporary folder that is removed)."""
     if out is None:
         with tempfile.TemporaryDirectory(prefix="cl-bench-reproduce-") as tmp:
-            write_record(Path(tmp) / rerun.spec.protocol / "runs", rerun)
+            write_record(Path(tmp) / rerun.spec.protocol / "runs", rerun, root=tmp)
         return None
-    return write_record(Path(out) / rerun.spec.protocol / "runs", rerun)
+    return write_record(Path(out) / rerun.spec.protocol / "runs", rerun, root=out)
 
 
 def _comparable(record: RunRecord) -> dict:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config.files import TMP_MARK, write_atomic
+from ..config.files import TMP_MARK, ensure_dir, inside, write_atomic
 from ..config.metrics import all_metrics, step_forgetting
+from ..config.paths import RUNS
 from ..config.specs import SCHEMA_VERSION, RunRecord, run_id_of
 from ..config.text import terminal_safe
 from ..config.vocabulary import Scenario, Status
@@ -26,14 +27,18 @@ def protocol_dir(results: str | Path, protocol_name: str) -> Path:
 
 def runs_dir(results: str | Path, protocol_name: str) -> Path:
     """`<results>/<protocol>/runs/`: one `<run_id>.json` per finished run."""
-    return protocol_dir(results, protocol_name) / "runs"
+    return protocol_dir(results, protocol_name) / RUNS
 
 
-def write_record(folder: str | Path, record: RunRecord) -> Path:
-    """Write a record atomically (temp file in the same folder, fsync, rename)."""
+def write_record(folder: str | Path, record: RunRecord, root: str | Path | None = None) -> Path:
+    """Write a record atomically (temp file in the same folder, fsync, rename).
+
+    `root`: the folder the user named (--results), `folder` inside it; no part of `folder` below
+    root, nor the record file, may be a symbolic link (config/files.py). Default: `folder` itself.
+    """
     data = record.to_dict()
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    root = Path(folder if root is None else root)
+    folder = ensure_dir(root, inside(root, folder))
     payload = json.dumps(data, indent=1, sort_keys=True, allow_nan=True)
     return write_atomic(folder / f"{data['run_id']}.json", payload, fsync=True)
 
@@ -302,9 +307,9 @@ def scan_runs(folder: str | Path) -> Scan:
 def discover_protocol_dirs(results: str | Path) -> list[Path]:
     """Protocol folders under a results folder (those with a runs/ subfolder)."""
     results = Path(results)
-    if (results / "runs").is_dir():
+    if (results / RUNS).is_dir():
         return [results]
-    return sorted(p for p in results.iterdir() if (p / "runs").is_dir()) if results.is_dir() else []
+    return sorted(p for p in results.iterdir() if (p / RUNS).is_dir()) if results.is_dir() else []
 
 
 def load_records(results: str | Path, protocol_name: str | None = None, log=None) -> list[RunRecord]:
@@ -313,7 +318,7 @@ def load_records(results: str | Path, protocol_name: str | None = None, log=None
     With `log`, every file that is not counted (corrupt or foreign) is reported once.
     """
     folders = [runs_dir(results, protocol_name)] if protocol_name else \
-        [p / "runs" for p in discover_protocol_dirs(results)]
+        [p / RUNS for p in discover_protocol_dirs(results)]
     records = []
     for folder in folders:
         scan = scan_runs(folder)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config.errors import SweepError
+from ..config.files import check_links, ensure_dir
+from ..config.paths import RUNS
 from ..config.specs import Protocol
 from ..config.vocabulary import Status
 from .executors import RunOptions, make_executor
@@ -36,15 +38,19 @@ class SweepResult:
         return {"SIGINT": 130, "SIGTERM": 143}.get(self.signal, 130) if self.interrupted else 0
 
 
-def check_writable(folder: Path) -> None:
-    """Fail before any run if the results folder cannot be written."""
+def check_writable(results: str | Path, protocol_name: str) -> Path:
+    """Fail before any run if the protocol's results folder cannot be written, or holds a link to write through."""
+    folder = Path(results) / protocol_name
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = ensure_dir(results, protocol_name)
+        check_links(results, f"{protocol_name}/{RUNS}")
         probe = folder / f".write-probe-{os.getpid()}"
+        probe.unlink(missing_ok=True)  # a link planted under the probe's name is removed, not written through
         probe.write_text("ok")
         probe.unlink()
     except OSError as exc:
         raise SweepError(f"{folder}: results folder is not writable ({exc.strerror or exc})") from None
+    return folder
 
 
 def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunOptions,
@@ -55,9 +61,9 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
     Ctrl-C (SIGINT) and SIGTERM stop it alike: finished records are kept, the lock is released
     and the result says `interrupted` and which `signal`.
     """
-    folder = protocol_dir(results, protocol.name)
-    created = [p for p in (folder, *folder.parents) if not p.exists()]  # innermost first
-    check_writable(folder)
+    target = protocol_dir(results, protocol.name)
+    created = [p for p in (target, *target.parents) if not p.exists()]  # innermost first
+    folder = check_writable(results, protocol.name)
     result = SweepResult()
     started = time.perf_counter()
     with _signals_interrupt() as stop:
@@ -97,7 +103,7 @@ def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_rec
     records = runner.run(plan.todo)
     try:
         for record in records:
-            path = _write(runs_dir(results, protocol.name), record, len(result.written))
+            path = _write(results, runs_dir(results, protocol.name), record, len(result.written))
             result.written.append(path)
             result.statuses[record.status] = result.statuses.get(record.status, 0) + 1
             if not record.ok:
@@ -153,10 +159,10 @@ def _signals_interrupt():
             signal.signal(sig, old)
 
 
-def _write(folder: Path, record, n_saved: int) -> Path:
+def _write(results, folder: Path, record, n_saved: int) -> Path:
     """write_record, with a failed write (disk full, folder gone read-only) a one-line SweepError."""
     try:
-        return write_record(folder, record)
+        return write_record(folder, record, root=results)
     except OSError as exc:
         raise SweepError(f"{folder}: cannot write the record of run {record.run_id} "
                          f"({exc.strerror or exc}); {n_saved} finished runs are saved, "

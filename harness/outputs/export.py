@@ -1,37 +1,47 @@
 """Records out of cl-bench: the tidy table as CSV/Parquet, and records read back from MLflow."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import tempfile
 from pathlib import Path
 
 from ..config.errors import ExportError
+from ..config.files import inside, safe_target, write_atomic
 from ..config.specs import RunRecord
 
 FORMATS = ("csv", "parquet")
 
 
-def export_table(records: list, fmt: str, out: str | Path) -> Path:
-    """Write one row per record (harness.analysis.frame.records_to_frame) to `out`."""
+def export_table(records: list, fmt: str, out: str | Path, root: str | Path | None = None) -> Path:
+    """Write one row per record (harness.analysis.frame.records_to_frame) to `out`, atomically.
+
+    root: the folder the user named, `out` inside it (default: out's folder); no part of out below
+    it may be a symbolic link (config/files.py).
+    """
     from ..analysis.frame import records_to_frame
 
     if fmt not in FORMATS:
         raise ExportError(f"--format: {fmt!r} is not supported; allowed: {', '.join(FORMATS)}")
-    frame = records_to_frame(records)
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    root = Path(out.parent if root is None else root)
+    target = safe_target(root, inside(root, out))
+    frame = records_to_frame(records)
     if fmt == "csv":
         from ..config.text import spreadsheet_safe
 
         # Text cells a spreadsheet would run as formulas are neutralised; numbers stay numbers.
         text = frame.select_dtypes(include=["object", "string"]).columns
-        frame.assign(**{c: frame[c].map(spreadsheet_safe) for c in text}).to_csv(out, index=False)
+        data = frame.assign(**{c: frame[c].map(spreadsheet_safe) for c in text}).to_csv(index=False)
     else:
+        buffer = io.BytesIO()
         try:
-            frame.to_parquet(out, index=False)
+            frame.to_parquet(buffer, index=False)
         except ImportError as exc:
             raise ExportError(f"--format parquet needs pyarrow ({exc}); pip install pyarrow") from None
+        data = buffer.getvalue()
+    write_atomic(target, data)
     return out
 
 

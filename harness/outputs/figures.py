@@ -8,6 +8,7 @@ figure plots against the regime, x is its trainable fraction on a log axis, regi
 """
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from ..analysis.frame import percent_scale, regime_order  # noqa: E402
 from ..analysis.result import AnalysisResult  # noqa: E402
+from ..config.files import AtomicWrites, ensure_dir, inside, safe_target  # noqa: E402
 from ..config.metrics import METRICS  # noqa: E402
 from ..config.text import terminal_safe  # noqa: E402
 from ..config.vocabulary import Status  # noqa: E402
@@ -43,33 +45,41 @@ PANEL_W, PANEL_H = 2.4, 2.2  # inches per panel
 LEGEND = {"loc": "outside right upper", "frameon": False}
 
 
-def write_figures(tables: AnalysisResult, out_dir, formats=FORMATS, log=None) -> list[Path]:
-    """Write every figure of every dataset in each format to out_dir; returns the paths in write order."""
+def write_figures(tables: AnalysisResult, out_dir, formats=FORMATS, log=None, root=None) -> list[Path]:
+    """Write every figure of every dataset in each format to out_dir; returns the paths in write order.
+
+    root: the folder the user named, out_dir inside it (default out_dir): no part below it may be a
+    symbolic link. The files are renamed into place together once all are drawn: a failure (disk
+    full) leaves the folder's files as they were.
+    """
     bad = [f for f in formats if f not in FORMATS]
     if bad:
         raise ValueError(f"figure format {bad[0]!r} is not one of {', '.join(FORMATS)}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    root = Path(out_dir if root is None else root)
+    rel = inside(root, out_dir)
+    ensure_dir(root, rel)
     written = []
-    with matplotlib.rc_context():
+    with matplotlib.rc_context(), AtomicWrites() as staged:
         matplotlib.rcdefaults()  # restored on leaving the context
         matplotlib.rcParams.update(RC)
         for ds in sorted(tables.methods["dataset"].unique()):
             for kind, draw in FIGURES.items():
                 fig = draw(tables, ds)
                 if fig is not None:
-                    written += _save(fig, out / f"{slug(ds)}-{kind}", formats, log)
+                    written += _save(fig, rel / f"{slug(ds)}-{kind}", formats,
+                                     lambda path, data: staged.write(safe_target(root, path), data))
+    for path in written if log else ():
+        log(path)
     return written
 
 
-def _save(fig: Figure, stem: Path, formats, log) -> list[Path]:
+def _save(fig: Figure, stem, formats, write) -> list[Path]:
+    """Each format's bytes of fig to `write(stem.<format>, bytes)`; returns the paths it gives."""
     paths = []
     for fmt in formats:
-        path = stem.with_name(f"{stem.name}.{fmt}")
-        fig.savefig(path, format=fmt, metadata=METADATA[fmt])
-        paths.append(path)
-        if log:
-            log(path)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format=fmt, metadata=METADATA[fmt])
+        paths.append(write(stem.with_name(f"{stem.name}.{fmt}"), buffer.getvalue()))
     return paths
 
 

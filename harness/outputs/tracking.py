@@ -13,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+from ..config.files import check_links
 from ..config.numbers import is_number
+from ..config.paths import MLFLOW_ARTIFACTS, MLFLOW_DB
 from ..config.specs import RunRecord
 
 KIND_TAG = "cl_bench.kind"          # "sweep" (parent) or "run" (child)
@@ -23,11 +25,18 @@ _TAG_MAX = 5000
 
 
 def resolve_tracking(results, uri: str | None = None) -> tuple[str, str | None]:
-    """(tracking URI, artifact location for new experiments or None to let the server decide)."""
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or \
-        f"sqlite:///{(Path(results) / 'mlflow.db').resolve()}"
+    """(tracking URI, artifact location for new experiments or None to let the server decide).
+
+    The store MLflow keeps in the results folder is checked like every other output there: its
+    database and artifact folder may not be links (MLflow itself would write through them)."""
+    given = uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not given:
+        check_links(results, MLFLOW_DB)
+    uri = given or f"sqlite:///{(Path(results) / MLFLOW_DB).resolve()}"
     remote = uri.split(":", 1)[0] in ("http", "https", "databricks", "databricks-uc")
-    artifacts = None if remote else (Path(results) / "mlartifacts").resolve().as_uri()
+    if not remote:
+        check_links(results, MLFLOW_ARTIFACTS)
+    artifacts = None if remote else (Path(results) / MLFLOW_ARTIFACTS).resolve().as_uri()
     return uri, artifacts
 
 

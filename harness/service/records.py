@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config.errors import SweepError
+from ..config.errors import OutputError, SweepError
 from .requests import ExportRequest, FiguresRequest, LeaderboardRequest, ReportRequest
 
 Log = Callable[[str], None]
@@ -56,6 +56,8 @@ def leaderboard(req: LeaderboardRequest, log: Log = print) -> LeaderboardOutcome
     """One site per protocol found under `results` (or the one named), or the site of an MLflow experiment."""
     from ..execution.store import discover_protocol_dirs, runs_dir
 
+    if req.out:
+        refuse_record_area(req.results, req.out, "--out", site=True)
     if req.from_mlflow:
         return LeaderboardOutcome((_leaderboard_from_mlflow(req, log),))
     names = [req.protocol] if req.protocol else [p.name for p in discover_protocol_dirs(req.results)]
@@ -69,11 +71,12 @@ def leaderboard(req: LeaderboardRequest, log: Log = print) -> LeaderboardOutcome
                          f"(expected {runs_dir(req.results, req.protocol)}/*.json)")
     return LeaderboardOutcome(tuple(
         build_leaderboard(req.results, n, req.out, version=req.protocol_version, log=log,
-                          include_flagged=req.include_flagged, rope=req.rope) for n in names))
+                          include_flagged=req.include_flagged, rope=req.rope, force=req.force) for n in names))
 
 
 def _leaderboard_from_mlflow(req: LeaderboardRequest, log: Log) -> Path:
     """The site of an MLflow experiment's record artifacts."""
+    from ..config.paths import SITE
     from ..execution.views import view_records
     from ..outputs.export import records_from_mlflow
     from ..outputs.site import build_site
@@ -86,40 +89,48 @@ def _leaderboard_from_mlflow(req: LeaderboardRequest, log: Log) -> Path:
         raise SweepError(f"--from-mlflow: experiment {experiment!r} at {req.from_mlflow} "
                          "holds no cl-bench records")
     records = view_records(found, req.protocol_version, log=log)
-    target = Path(req.out) if req.out else Path(req.results) / f"mlflow-{experiment}" / "site"
-    index = build_site(records, target, include_flagged=req.include_flagged, rope=req.rope)
+    target = Path(req.out) if req.out else Path(req.results) / f"mlflow-{experiment}" / SITE
+    index = build_site(records, target, include_flagged=req.include_flagged, rope=req.rope,
+                       root=_root_of(req.results, target), force=req.force or not req.out)
     log(f"leaderboard: {len(records)} records from MLflow experiment {experiment!r}: {Path(index).resolve()}")
     return Path(index)
 
 
 def export(req: ExportRequest, log: Log = print) -> ExportOutcome:
     """The tidy table (one row per record) of one protocol version, or of each protocol's newest, as CSV or Parquet."""
+    from ..config.paths import EXPORT_STEM
     from ..execution.store import load_records
     from ..execution.views import view_records
     from ..outputs.export import export_table
 
+    if req.out:
+        refuse_record_area(req.results, req.out, "--out")
     records = view_records(load_records(req.results, req.protocol, log=log), req.protocol_version, log=log)
     if not records:
         where = Path(req.results) / (req.protocol or "<protocol>") / "runs"
         raise SweepError(f"--results: no records found under {where}")
     folder = Path(req.results) / req.protocol if req.protocol else Path(req.results)
-    out = Path(req.out) if req.out else folder / f"records.{req.format}"
-    return ExportOutcome(export_table(records, req.format, out), len(records))
+    out = Path(req.out) if req.out else folder / f"{EXPORT_STEM}.{req.format}"
+    return ExportOutcome(export_table(records, req.format, out, root=_root_of(req.results, out, file=True)),
+                         len(records))
 
 
 def report(req: ReportRequest, log: Log = print) -> ReportOutcome:
     """The paper tables (LaTeX or Markdown) of one protocol version; written to `out` when it is given."""
     from ..analysis.tables import analyse
+    from ..config.files import inside, safe_target, write_atomic
     from ..outputs.report import report_latex, report_markdown
 
+    if req.out:
+        refuse_record_area(req.results, req.out, "--out")
     records = paper_records(req.results, req.protocol, req.protocol_version, log=log)
     tables = analyse(records, include_flagged=req.include_flagged, rope=req.rope)
     text = (report_latex if req.format == "latex" else report_markdown)(tables, metric=req.metric)
     if not req.out:
         return ReportOutcome(text, len(records))
     out = Path(req.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    root = _root_of(req.results, out, file=True)
+    write_atomic(safe_target(root, inside(root, out)), text)
     return ReportOutcome(text, len(records), out)
 
 
@@ -129,9 +140,11 @@ def figures(req: FiguresRequest, log: Log = print) -> FiguresOutcome:
     from ..config.text import terminal_safe
     from ..outputs.figures import write_figures
 
+    refuse_record_area(req.results, req.out, "--out")
     records = paper_records(req.results, req.protocol, req.protocol_version, log=log)
     tables = analyse(records, include_flagged=req.include_flagged)
-    written = write_figures(tables, req.out, req.formats, log=lambda path: log(terminal_safe(f"figures: {path}")))
+    written = write_figures(tables, req.out, req.formats, log=lambda path: log(terminal_safe(f"figures: {path}")),
+                            root=_root_of(req.results, req.out))
     return FiguresOutcome(tuple(written))
 
 
@@ -169,8 +182,13 @@ def print_summary(results, protocol_name: str, version: str | None = None, grid=
 
 
 def build_leaderboard(results, protocol_name: str, out: str | None = None, version: str | None = None,
-                      grid=None, log=print, include_flagged: bool = False, rope: float = 1.0) -> Path | None:
-    """Build the static site for one protocol version's records; prints and returns index.html's path."""
+                      grid=None, log=print, include_flagged: bool = False, rope: float = 1.0,
+                      force: bool = False) -> Path | None:
+    """Build the static site for one protocol version's records; prints and returns index.html's path.
+
+    `out` (default <results>/<protocol>/site/, the layout's own) may not be in the record area,
+    nor a non-empty folder holding no site unless `force`."""
+    from ..config.paths import SITE
     from ..execution.store import load_records, protocol_dir
     from ..execution.views import view_records
     from ..outputs.site import build_site
@@ -180,7 +198,29 @@ def build_leaderboard(results, protocol_name: str, out: str | None = None, versi
     if not records:
         print(f"leaderboard: no records under {protocol_dir(results, protocol_name)}")
         return None
-    target = Path(out) if out else protocol_dir(results, protocol_name) / "site"
-    index = build_site(records, target, results_dir=str(results), include_flagged=include_flagged, rope=rope)
+    if out:
+        refuse_record_area(results, out, "--out", site=True)
+    target = Path(out) if out else protocol_dir(results, protocol_name) / SITE
+    index = build_site(records, target, results_dir=str(results), include_flagged=include_flagged, rope=rope,
+                       root=_root_of(results, target), force=force or not out)
     print(f"leaderboard: {Path(index).resolve()}")
     return Path(index)
+
+
+def refuse_record_area(results, out, flag: str, site: bool = False) -> None:
+    """OutputError when `out` is, or is inside, what the results folder reads its records from."""
+    from ..config.paths import record_area_problem
+
+    problem = record_area_problem(results, out, site=site)
+    if problem:
+        raise OutputError(f"{flag}: {out} {problem}, which every later command reads its records from; "
+                          f"allowed: a path outside {results}, or the default")
+
+
+def _root_of(results, target, file: bool = False) -> Path:
+    """The folder a writer owns: --results when `target` lies inside it (as written), else the target
+    folder (the file's folder for a `file`), which the user named and may itself be a link."""
+    target = Path(target)
+    if target.is_relative_to(Path(results)) and target != Path(results):
+        return Path(results)
+    return target.parent if file else target

@@ -84,6 +84,7 @@ class LeaderboardRequest:
     protocol_version: str | None = None
     include_flagged: bool = False
     rope: float = defaults.ROPE
+    force: bool = False  # write the site into a non-empty --out folder that holds no site
 
 
 @dataclass(frozen=True)

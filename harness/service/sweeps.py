@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..config.errors import SweepError
 from ..config.vocabulary import Status
-from .records import build_leaderboard, print_summary
+from .records import build_leaderboard, print_summary, refuse_record_area
 from .requests import ReproduceRequest, SubmitRequest, SweepRequest
 
 if TYPE_CHECKING:
@@ -107,6 +107,8 @@ def reproduce(req: ReproduceRequest) -> Reproduction:
     """Rerun one record (its own spec and data; method code from the files the request names) and compare."""
     from ..execution.reproduce import reproduce as rerun
 
+    if req.out:  # the rerun's record would replace the very record it is compared with
+        refuse_record_area(req.results, req.out, "--out")
     return rerun(req.run_id, req.results, data_dir=req.data_dir, device=req.device, out=req.out,
                  method_files=req.method_files, plugin_files=req.plugin_files)
 

@@ -26,18 +26,22 @@ __all__ = ["build_site", "slug"]  # slug: how a page's file is named after its s
 
 
 def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | None = None,
-               include_flagged: bool = False, rope: float = 1.0) -> Path:
+               include_flagged: bool = False, rope: float = 1.0, root: Path | None = None,
+               force: bool = False) -> Path:
     """Render the whole leaderboard for a list of records; returns index.html's path.
 
+    root: the folder the user named, out_dir inside it (default out_dir): no part of out_dir
+    below it may be a symbolic link. force: write into a non-empty folder holding no site.
     Flagged runs (learning-check warnings) are shown and marked everywhere, and left out of
     the rankings unless include_flagged. rope: region of practical equivalence of the Bayesian
     comparisons, in ACC points.
     """
-    tables = analyse(records, include_flagged=include_flagged, rope=rope)
-    base = _base(tables, records, results_dir=results_dir, include_flagged=include_flagged)
-    infos = method.method_infos()
-    # on leaving the block: files of the previous build this one did not write are pruned
-    with SiteWriter(Path(out_dir), environment(), base) as w:
+    # the folder is checked (links, someone else's files) before any work; on leaving the block the
+    # staged files are renamed into place and files of the previous build this one did not write are pruned
+    with SiteWriter(Path(out_dir), environment(), {}, root=root, force=force) as w:
+        tables = analyse(records, include_flagged=include_flagged, rope=rope)
+        w.base = base = _base(tables, records, results_dir=results_dir, include_flagged=include_flagged)
+        infos = method.method_infos()
         index = overview.page(w, tables, records)
         for ds in base["datasets"]:
             dataset.page(w, tables, ds)

@@ -1,0 +1,375 @@
+"""Output folders cannot be written through or hidden (issue 30).
+
+Every writer (site, export, report, figures, records, lock, MLflow's local store) refuses a
+symbolic link below the folder it owns, with one line naming it and exit code 2, and writes
+nothing outside (config/files.py); the results layout's names are reserved for protocols and no
+output may be written into the record area (config/paths.py); `leaderboard --out` does not take
+over a user's non-empty folder without --force; a write that fails (disk full) is one line naming
+the file and leaves the previous files as they were and no temp file.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import fixture_records
+
+from harness.config import files
+from harness.config.errors import OutputError, ProtocolError
+from harness.config.files import TMP_MARK
+from harness.execution.store import discover_protocol_dirs, load_records, write_record
+
+from .conftest import tiny_protocol
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "analysis" / "records.json"
+PROTO = "toy-proto"  # the fixture's protocol
+MANIFEST = ".cl-bench-site.json"
+QUIET = ("--no-progress", "--jobs", "1")
+N_RECORDS = 8
+
+
+def write_results(folder: Path, records) -> Path:
+    """A results folder of valid records: the fixture's, with metrics, warnings and run ids recomputed."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from harness.config.metrics import all_metrics, step_forgetting
+    from harness.config.specs import SCHEMA_VERSION, run_id_of
+    from harness.execution.store import runs_dir
+    from harness.run.checks import run_warnings
+
+    for r in records:
+        norms = dict(r.update_norms)
+        if r.ok:
+            norms["step_forgetting"] = step_forgetting(np.asarray(r.acc_matrix, float))
+        r = replace(r, metrics=all_metrics(r.acc_matrix, r.init_acc) if r.ok else {}, update_norms=norms,
+                    warnings=run_warnings(r.acc_matrix, r.checks, r.spec.scenario), schema_version=SCHEMA_VERSION)
+        write_record(runs_dir(folder, r.spec.protocol), replace(r, run_id=run_id_of(r.spec.to_dict())))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """A small results folder of valid records (two methods, two regimes: quick to analyse)."""
+    records = [r for r in fixture_records(FIXTURE)
+               if r.method in ("A", "B") and r.spec.regime in ("head", "full") and r.spec.order < 2]
+    return write_results(tmp_path_factory.mktemp("source"), records)
+
+
+@pytest.fixture
+def results(source, tmp_path):
+    """A fresh copy of the results folder, for one test to damage."""
+    return Path(shutil.copytree(source, tmp_path / "results"))
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A file and a folder outside every output folder: a link points here; they must stay as they are."""
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    file = tmp_path / "outside.txt"
+    file.write_text("keep me")
+    return file, folder
+
+
+def untouched(outside) -> bool:
+    file, folder = outside
+    return file.read_text() == "keep me" and not any(folder.iterdir())
+
+
+def one_line_error(code, err, *words) -> bool:
+    lines = err.strip().splitlines()
+    return code == 2 and len(lines) == 1 and lines[0].startswith("cl-bench: error:") and all(w in lines[0] for w in words)
+
+
+def listing(folder: Path, files_only: bool = False) -> dict:
+    """{relative path: sha256 (None for a folder or link)} of everything under folder (or its files only)."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            if p.is_file() and not p.is_symlink() else None for p in sorted(folder.rglob("*"))
+            if not files_only or p.is_file() or p.is_symlink()}
+
+
+def link(path: Path, target: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    path.symlink_to(target)
+    return path
+
+
+def fake_site(folder: Path) -> Path:
+    """A folder a previous build made (its manifest, listing nothing)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MANIFEST).write_text(json.dumps({"files": {}}))
+    return folder
+
+
+# ------------------------------------------------------------------ links: the site
+
+# (linked part of the site, to the outside file or folder, full build needed before the refusal)
+SITE_LINKS = [("index.html", "file"), ("data", "folder"), ("runs", "folder"), ("data/runs.csv", "file"),
+              (MANIFEST, "file"), (".", "folder")]
+# Not with --out: naming a link as --out is the user's own choice; a file link deep in the site costs a
+# whole build, and the default target's case covers it.
+NOT_WITH_OUT = (".", "data/runs.csv")
+
+
+@pytest.mark.parametrize("part, kind, target", [(p, k, "default") for p, k in SITE_LINKS] +
+                         [(p, k, "out") for p, k in SITE_LINKS if p not in NOT_WITH_OUT])
+def test_leaderboard_never_writes_through_a_link_in_the_site(part, kind, target, results, outside, tmp_path, cli):
+    site = fake_site(results / PROTO / "site" if target == "default" else tmp_path / "site")
+    link(site / part, outside[0] if kind == "file" else outside[1])
+    argv = ["--out", site] if target == "out" else []
+    code, out, err = cli("leaderboard", "--results", results, "--protocol", PROTO, *argv)
+    assert one_line_error(code, err, "symbolic link", str(site / part).rstrip("/.")), err
+    assert untouched(outside)
+    assert not [p for p in site.rglob(f"*{TMP_MARK}*")]
+
+
+# ------------------------------------------------------------------ links: export, report, figures
+
+def _figure_name() -> str:
+    from harness.outputs.figures import FIGURES
+    from harness.outputs.formatting import slug
+
+    return f"{slug('toy')}-{next(iter(FIGURES))}.png"
+
+
+@pytest.mark.parametrize("command, dest, linked, kind", [
+    ("export", None, "records.csv", "file"),                                  # the default target
+    ("export", f"{PROTO}/tables/x.csv", f"{PROTO}/tables", "folder"),         # a folder below --results
+    ("export", "@/mine/x.csv", "@/mine/x.csv", "file"),                      # the user's own folder
+    ("report", "@/paper/r.md", "@/paper/r.md", "file"),
+    ("report", f"{PROTO}/paper/r.md", f"{PROTO}/paper", "folder"),
+    ("figures", "@/figs", f"@/figs/{_figure_name()}", "file"),
+    ("figures", f"{PROTO}/figs", f"{PROTO}/figs", "folder"),
+])
+def test_paper_outputs_never_write_through_a_link(command, dest, linked, kind, results, outside, tmp_path, cli):
+    def place(rel):  # "@/x": under tmp_path (the user's folder), else under --results
+        return tmp_path / rel[2:] if rel.startswith("@/") else results / rel
+
+    link(place(linked), outside[0] if kind == "file" else outside[1])
+    argv = {"export": [], "report": ["--format", "markdown"], "figures": ["--format", "png"]}[command]
+    code, out, err = cli(command, "--results", results, *argv, *(["--out", place(dest)] if dest else []))
+    assert one_line_error(code, err, "symbolic link", str(place(linked))), err
+    assert untouched(outside)
+
+
+# ------------------------------------------------------------------ links: records, lock, MLflow store
+
+@pytest.fixture
+def no_runs(monkeypatch):
+    """run_one replaced: a test that fails before any run proves it by an empty list."""
+    calls = []
+    monkeypatch.setattr("harness.run.engine.run_one", lambda *a, **k: calls.append(a))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return calls
+
+
+@pytest.mark.parametrize("part, kind, mlflow", [
+    ("tiny", "folder", False), ("tiny/runs", "folder", False), ("tiny/.lock", "file", False),
+    ("mlflow.db", "file", True), ("mlartifacts", "folder", True)])
+def test_run_never_writes_records_lock_or_tracking_through_a_link(part, kind, mlflow, tmp_path, outside, no_runs,
+                                                                  cli):
+    proto = tiny_protocol(tmp_path)
+    results = tmp_path / "res"
+    link(results / part, outside[0] if kind == "file" else outside[1])
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", *QUIET,
+                         *(() if mlflow else ("--no-mlflow",)))
+    assert one_line_error(code, err, "symbolic link", str(results / part)), err
+    assert not no_runs and untouched(outside)
+
+
+@pytest.mark.parametrize("linked", ["record", "runs", "protocol"])
+def test_write_record_refuses_a_link_in_its_path(linked, results, outside):
+    record = load_records(results, PROTO)[0]
+    folder = results / PROTO / "runs"
+    target = {"record": folder / f"{record.run_id}.json", "runs": folder, "protocol": results / PROTO}[linked]
+    link(target, outside[0] if linked == "record" else outside[1])
+    with pytest.raises(OutputError, match="symbolic link"):
+        write_record(folder, record, root=results)
+    assert untouched(outside)
+
+
+@pytest.mark.parametrize("rel", ["../x", "/abs/x", "a/../../x"])
+def test_safe_target_refuses_paths_that_leave_the_folder(rel, tmp_path):
+    with pytest.raises(OutputError, match="leaves the folder|outside"):
+        files.safe_target(tmp_path / "root", rel)
+    assert not (tmp_path / "x").exists() and not Path("/abs").exists()
+
+
+def test_check_links_takes_plain_files_and_folders_and_refuses_links(tmp_path, outside):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "mlflow.db").write_text("db")
+    assert files.check_links(tmp_path, "a/mlflow.db") == tmp_path / "a" / "mlflow.db"
+    assert files.check_links(tmp_path, "a/missing/deeper") == tmp_path / "a" / "missing" / "deeper"
+    assert not (tmp_path / "a" / "missing").exists()  # nothing is created
+    link(tmp_path / "a" / "b", outside[1])
+    with pytest.raises(OutputError, match="symbolic link"):
+        files.check_links(tmp_path, "a/b/c")
+
+
+def test_a_link_planted_under_the_temp_name_is_not_written_through(tmp_path, outside):
+    target = tmp_path / "r.json"
+    link(files.temp_path(target), outside[0])
+    files.write_atomic(target, "{}")
+    with files.AtomicWrites() as staged:
+        link(files.temp_path(tmp_path / "s.json"), outside[0])
+        staged.write(tmp_path / "s.json", "{}")
+    assert untouched(outside) and target.read_text() == "{}" and (tmp_path / "s.json").read_text() == "{}"
+
+
+# ------------------------------------------------------------------ reserved names
+
+RESERVED = ["runs", "RUNS", "Runs", "site", "mlflow.db", "mlartifacts", "records.csv", "Records.Parquet"]
+
+
+@pytest.mark.parametrize("name", RESERVED)
+def test_a_protocol_may_not_take_a_name_of_the_results_layout(name, tmp_path):
+    from harness.api.registry import get_registry
+    from harness.config.protocol import load_protocol
+
+    proto = tiny_protocol(tmp_path, name=name)
+    with pytest.raises(ProtocolError, match=f"name: '{name}' is a name of the results folder's layout"):
+        load_protocol(str(proto), get_registry())
+
+
+@pytest.mark.parametrize("name", ["runs-2", "my-site", "records", "mlflow"])
+def test_names_near_the_reserved_ones_load(name, tmp_path):
+    from harness.api.registry import get_registry
+    from harness.config.protocol import load_protocol
+
+    assert load_protocol(str(tiny_protocol(tmp_path, name=name)), get_registry()).name == name
+
+
+def test_run_refuses_a_reserved_protocol_name_before_writing(results, tmp_path, no_runs, cli):
+    before = listing(results)
+    code, out, err = cli("run", "--protocol", tiny_protocol(tmp_path, name="runs"), "--results", results,
+                         "--no-leaderboard", "--no-mlflow", *QUIET)
+    assert one_line_error(code, err, "name: 'runs'"), err
+    assert listing(results) == before and not no_runs
+    assert discover_protocol_dirs(results) == [results / PROTO]
+
+
+# ------------------------------------------------------------------ the record area
+
+@pytest.mark.parametrize("command, dest", [
+    ("leaderboard", "."), ("leaderboard", PROTO), ("leaderboard", f"{PROTO}/runs"), ("leaderboard", "new-site"),
+    ("leaderboard", f"{PROTO}/runs/pages"), ("leaderboard", f"{PROTO}/../{PROTO}"), ("leaderboard", "@alias"),
+    ("export", f"{PROTO}/runs/table.json"), ("export", f"{PROTO}/.lock"), ("report", f"{PROTO}/runs/r.md"),
+    ("report", "mlflow.db"), ("figures", "."), ("figures", "runs"), ("figures", f"{PROTO}/runs"),
+    ("figures", "mlartifacts/figs"), ("reproduce", ".")])
+def test_outputs_may_not_be_written_into_the_record_area(command, dest, results, tmp_path, cli):
+    if dest == "@alias":  # a link to the results folder is no way round
+        dest = link(tmp_path / "alias", results)
+    else:
+        dest = results / dest
+    before = listing(results)
+    argv = {"leaderboard": [], "export": [], "report": ["--format", "markdown"], "figures": [],
+            "reproduce": [load_records(results)[0].run_id]}[command]
+    code, out, err = cli(command, *argv, "--results", results, "--out", dest)
+    assert one_line_error(code, err, "--out:", str(dest)), err
+    assert listing(results) == before
+    assert discover_protocol_dirs(results) == [results / PROTO]
+    assert len(load_records(results)) == N_RECORDS
+
+
+def test_outputs_beside_the_records_are_allowed(results, cli):
+    code, out, err = cli("export", "--results", results, "--out", results / PROTO / "tables" / "x.csv")
+    assert code == 0, err
+    assert len(load_records(results)) == N_RECORDS and (results / PROTO / "tables" / "x.csv").is_file()
+
+
+# ------------------------------------------------------------------ a user's own folder
+
+USER_FILES = [{"index.html": "<p>my page</p>"}, {"data/runs.csv": "my,table\n"}, {"notes.txt": "mine"},
+              {"runs/a.html": "mine", "index.html": "mine"}]
+
+
+@pytest.mark.parametrize("mine", USER_FILES)
+def test_leaderboard_out_refuses_a_users_folder_without_force(mine, results, tmp_path, cli):
+    out = tmp_path / "mine"
+    for rel, text in mine.items():
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+    before = listing(out)
+    code, _, err = cli("leaderboard", "--results", results, "--out", out)
+    assert one_line_error(code, err, str(out), "--force", "no cl-bench site"), err
+    assert listing(out) == before
+
+
+def test_leaderboard_out_with_force_takes_the_folder_over(results, tmp_path, cli):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "index.html").write_text("<p>my page</p>")
+    (out / "notes.txt").write_text("mine")
+    code, _, err = cli("leaderboard", "--results", results, "--out", out, "--force")
+    assert code == 0, err
+    assert "cl-bench" in (out / "index.html").read_text() and (out / "notes.txt").read_text() == "mine"
+    # now a site (the next build needs no --force); the user's file is not the site's: never pruned
+    assert "notes.txt" not in json.loads((out / MANIFEST).read_text())["files"]
+
+
+# ------------------------------------------------------------------ disk full
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """From the `after`-th file on, a write puts half its bytes down and then fails with ENOSPC."""
+    real, seen = files._write_all, []
+
+    def install(after: int = 0):
+        def write_all(fh, data):
+            seen.append(1)
+            if len(seen) > after:
+                real(fh, data[:len(data) // 2])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            real(fh, data)
+        monkeypatch.setattr(files, "_write_all", write_all, raising=False)  # (raising: for a run on old code)
+    return install
+
+
+@pytest.mark.parametrize("command, after", [("leaderboard", 5), ("export", 0),
+                                            ("report", 0), ("figures", 1)])
+def test_disk_full_is_one_line_and_leaves_the_previous_files(command, after, results, tmp_path, full_disk, cli):
+    out = tmp_path / "out"
+    out.mkdir()
+    previous = {"leaderboard": {MANIFEST: json.dumps({"files": {}}), "index.html": "old"},
+                "export": {"t.csv": "old"}, "report": {"r.md": "old"}, "figures": {"keep.txt": "old"}}[command]
+    for rel, text in previous.items():
+        (out / rel).write_text(text)
+    before = listing(out, files_only=True)
+    dest = {"leaderboard": out, "export": out / "t.csv", "report": out / "r.md", "figures": out}[command]
+    argv = {"leaderboard": [], "export": [], "report": ["--format", "latex"], "figures": ["--format", "png"]}[command]
+    full_disk(after)
+    code, _, err = cli(command, "--results", results, *argv, "--out", dest)
+    assert one_line_error(code, err, "No space left on device", str(out)), err
+    assert listing(out, files_only=True) == before  # no half-written file, no temp file, no new file
+
+
+@pytest.mark.slow
+def test_a_real_write_error_mid_file_is_one_line(results, tmp_path):
+    """A file-size limit (EFBIG from the kernel, halfway through a page) on the real CLI, in a subprocess."""
+    out = tmp_path / "site"
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "harness.cli", "leaderboard", "--results", str(results),
+                           "--out", str(out)], capture_output=True, text=True, env=env, preexec_fn=limit,
+                          timeout=300)
+    assert one_line_error(proc.returncode, proc.stderr, "File too large", str(out)), proc.stderr
+    assert not [p for p in out.rglob("*") if p.is_file() and p.name != MANIFEST]
