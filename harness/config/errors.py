@@ -40,3 +40,8 @@ class SweepError(UserError, RuntimeError):
 
 class ExportError(UserError, ValueError):
     """Bad export input (no records, unknown format, unreachable experiment)."""
+
+
+class DriverInterrupt(KeyboardInterrupt):
+    """The sweep driver's own Ctrl-C or SIGTERM: a run lets it through, where a KeyboardInterrupt that a
+    method raises is that run's failure (harness.run.engine)."""
