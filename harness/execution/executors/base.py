@@ -38,6 +38,14 @@ def run_spec(spec: RunSpec, options: RunOptions) -> RunRecord:
                    submission=options.submission)
 
 
+def run_in_worker(spec: RunSpec, options: RunOptions) -> RunRecord | None:
+    """run_spec in a pool worker; None (nothing ran) once an earlier run left this process in a state
+    that could not be put back (harness.run.isolation): the executor reruns the spec in a fresh worker."""
+    from ...run.isolation import process_dirty
+
+    return None if process_dirty() else run_spec(spec, options)
+
+
 # Worker processes are forked from a server process that has imported the whole stack once
 # (torch, Avalanche, the harness: ~7 s of imports a spawned worker would pay again, as would
 # every replacement of a dead or timed-out worker). CL_BENCH_START_METHOD=spawn restores
@@ -112,7 +120,12 @@ def gpu_for_worker(index: int, gpus: tuple) -> str | None:
 
 def init_forked_worker(setup: WorkerSetup, counter=None) -> None:
     """Per-process set-up of a pool worker: the driver's state, its GPU, then `init_worker`."""
+    import signal
     import sys
+
+    # Ctrl-C reaches the whole process group: only the driver acts on it (it stops the workers), so
+    # that a KeyboardInterrupt inside a worker's run can only be the method's own (a failed record).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     os.environ.clear()
     os.environ.update(setup.environ)

@@ -29,7 +29,10 @@ def setup_limit(timeout: float) -> float:
 
 
 def _serve(conn, options, setup, counter=None) -> None:
-    """Worker loop: warm up and announce readiness, then load, announce and run each spec until None or EOF."""
+    """Worker loop: warm up and announce readiness, then load, announce and run each spec until None, EOF
+    or a run that leaves the process dirty (harness.run.isolation)."""
+    from ...run.isolation import process_dirty
+
     init_forked_worker(setup, counter)
     _warm_up(options)
     conn.send(("ready", None))
@@ -42,7 +45,11 @@ def _serve(conn, options, setup, counter=None) -> None:
             return
         _load_data(spec, options)
         conn.send(("started", None))
-        conn.send(("done", run_spec(spec, options)))
+        record = run_spec(spec, options)
+        if process_dirty():  # the run left state that could not be put back: a fresh worker takes over
+            conn.send(("retired", record))
+            return
+        conn.send(("done", record))
 
 
 def _warm_up(options) -> None:
@@ -144,6 +151,9 @@ class TimeoutExecutor(Executor):
             return None, startup_deaths
         if message is not None:
             w.spec, w.deadline = None, None
+            if message[0] == "retired":  # it serves no more runs: replaced when one is waiting
+                w.kill()
+                workers.remove(w)
             return message[1], startup_deaths
         spec, started = w.spec, w.started
         overdue = spec is not None and time.monotonic() >= w.deadline
