@@ -1,8 +1,9 @@
 """A run cannot reach past itself: what a method may change process-wide is captured before the run
 and put back after it (harness.run.engine calls both around every run, in every executor).
 
-- settings (`SETTINGS`): default dtype and device, grad and anomaly modes, threads, deterministic
-  algorithms, cuDNN/TF32 flags, working directory, environment, import path, signal handlers;
+- settings (`SETTINGS`): default dtype and device, current CUDA device, grad and anomaly modes,
+  threads, deterministic algorithms, cuDNN/TF32 flags, working directory, environment, import path,
+  signal handlers;
 - code (`CODE_MODULES`): the functions and classes of torch's namespaces, its nn modules, optimizers
   and Tensor, Avalanche's training classes, the seeding functions and the harness's own modules. A
   change to the harness's code fails the run (it could change how the run is measured); any other is
@@ -21,7 +22,7 @@ import sys
 import threading
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -73,9 +74,19 @@ def _set_signal_handlers(saved) -> None:
         signal.signal(sig, handler)
 
 
+def _cuda_device():
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+
+def _set_cuda_device(index) -> None:
+    if index is not None:
+        torch.cuda.set_device(index)
+
+
 SETTINGS = (
     # the default device first: leaving it pushes a torch function mode the mode check below counts
     Setting("default device (torch.set_default_device)", _default_device, _set_default_device),
+    Setting("current CUDA device (torch.cuda.set_device)", _cuda_device, _set_cuda_device),
     Setting("default dtype (torch.set_default_dtype)", torch.get_default_dtype, torch.set_default_dtype),
     Setting("grad mode (torch.set_grad_enabled)", torch.is_grad_enabled, torch.set_grad_enabled),
     Setting("anomaly detection", lambda: (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
@@ -121,7 +132,7 @@ class Leaks:
 
     restored: tuple[str, ...] = ()
     harness_code: tuple[str, ...] = ()  # the harness's own functions or classes, replaced or removed
-    unrestorable: tuple[str, ...] = field(default=())
+    unrestorable: tuple[str, ...] = ()
 
     def failure(self) -> str | None:
         """The failed record's message, if the run may not keep its record; None if it may."""
