@@ -278,6 +278,14 @@ def test_a_sweep_goes_on_past_exits_and_interrupts(executor, tmp_path, cli):
 def test_the_drivers_own_interrupt_still_stops_the_sweep_even_when_a_method_swallows_it(tmp_path, cli):
     """The signal reaches the driver while a method runs (inline): the sweep stops (exit 130) and that
     run leaves no record, whether the method lets the interrupt through or swallows it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        _interrupt_both_ways(tmp_path, cli)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _interrupt_both_ways(tmp_path, cli) -> None:
     through = method_file(tmp_path, "sigint-through", after_task="os.kill(os.getpid(), signal.SIGINT)")
     swallowed = method_file(tmp_path, "sigint-swallowed", after_task=(
         "try:\n    os.kill(os.getpid(), signal.SIGINT)\nexcept BaseException:\n    pass"))

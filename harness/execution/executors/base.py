@@ -120,12 +120,7 @@ def gpu_for_worker(index: int, gpus: tuple) -> str | None:
 
 def init_forked_worker(setup: WorkerSetup, counter=None) -> None:
     """Per-process set-up of a pool worker: the driver's state, its GPU, then `init_worker`."""
-    import signal
     import sys
-
-    # Ctrl-C reaches the whole process group: only the driver acts on it (it stops the workers), so
-    # that a KeyboardInterrupt inside a worker's run can only be the method's own (a failed record).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     os.environ.clear()
     os.environ.update(setup.environ)
@@ -136,6 +131,16 @@ def init_forked_worker(setup: WorkerSetup, counter=None) -> None:
             index, counter.value = counter.value, counter.value + 1
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu_for_worker(index, setup.gpus)  # before CUDA starts
     init_worker(setup.threads)
+
+
+def init_worker_process(setup: WorkerSetup, counter=None) -> None:
+    """What a worker process does first: leave Ctrl-C to the driver, then `init_forked_worker`."""
+    import signal
+
+    # Ctrl-C reaches the whole process group: only the driver acts on it (it stops the workers), so
+    # that a KeyboardInterrupt inside a worker's run can only be the method's own (a failed record).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    init_forked_worker(setup, counter)
 
 
 def init_worker(threads: int | None) -> None:

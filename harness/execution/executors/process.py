@@ -6,7 +6,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 from .base import (
     Executor,
-    init_forked_worker,
+    init_worker_process,
     lost_record,
     run_in_worker,
     threads_per_run,
@@ -20,7 +20,7 @@ class ProcessExecutor(Executor):
 
     name = "process"
     worker = staticmethod(run_in_worker)    # what a worker process runs (a test seam)
-    initializer = staticmethod(init_forked_worker)
+    initializer = staticmethod(init_worker_process)
 
     def run(self, specs):
         """Yield one record per spec as workers finish.

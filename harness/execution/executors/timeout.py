@@ -17,7 +17,7 @@ from collections import deque
 from multiprocessing.connection import wait
 
 from ...config.vocabulary import Status
-from .base import Executor, init_forked_worker, lost_record, run_spec, threads_per_run, worker_context, worker_setup
+from .base import Executor, init_worker_process, lost_record, run_spec, threads_per_run, worker_context, worker_setup
 
 STARTUP_FAILURES = 3  # workers dying before they serve anything: give up instead of looping
 SETUP_MIN_S = 60.0  # the least time a worker gets to load a run's data set (first load: files, decoding)
@@ -33,7 +33,7 @@ def _serve(conn, options, setup, counter=None) -> None:
     or a run that leaves the process dirty (harness.run.isolation)."""
     from ...run.isolation import process_dirty
 
-    init_forked_worker(setup, counter)
+    init_worker_process(setup, counter)
     _warm_up(options)
     conn.send(("ready", None))
     while True:
@@ -190,9 +190,10 @@ class TimeoutExecutor(Executor):
 
     @staticmethod
     def _stop(w) -> None:
-        try:
-            w.conn.send(None)
-        except (OSError, ValueError):
-            pass
-        w.proc.join(2)
+        if w.spec is None:  # idle: let it end itself; one with a run in flight (stopped early) is killed now
+            try:
+                w.conn.send(None)
+            except (OSError, ValueError):
+                pass
+            w.proc.join(2)
         w.kill()
