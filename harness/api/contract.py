@@ -91,7 +91,9 @@ class MethodContext:
     seed: int
     training: TrainingSpec = field(default_factory=TrainingSpec)
     # The run's tasks (Task: index, classes, x/y train/test tensors). For diagnostics only
-    # (e.g. BECAME's α-sweep on seen tasks' test data); training uses the experiences.
+    # (e.g. BECAME's α-sweep on seen tasks' test data); training uses the experiences. The test
+    # tensors are the method's own copies: the harness evaluates on its own, and fails a run whose
+    # test data changed (their content hashes are checked after every task).
     tasks: tuple = ()
     regime_blocks: tuple[str, ...] = ()
     # Plain names of the effective shared weights the regime changes (W of a LoRA layer, a bias under

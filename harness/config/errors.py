@@ -53,3 +53,8 @@ class CacheError(UserError):
 class OutputError(UserError, ValueError):
     """An output path cl-bench will not write: a symbolic link in it, a path leaving its folder, the
     results folder's record area, or a non-empty folder that is not a site's (without --force)."""
+
+
+class DriverInterrupt(KeyboardInterrupt):
+    """The sweep driver's own Ctrl-C or SIGTERM: a run lets it through, where a KeyboardInterrupt that a
+    method raises is that run's failure (harness.run.engine)."""

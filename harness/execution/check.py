@@ -76,6 +76,10 @@ BREACH_FIXES = {
     "frozen": "leave frozen blocks alone: never call requires_grad_(True) or .train() on them (model.train() "
               "is safe), optimise only parameters with requires_grad (ctx.optimizer / ctx.new_optimizer()), "
               "never write into frozen tensors in place",
+    "test-data": "never write to the test tensors: ctx.tasks holds the method's own copies, and what the harness "
+                 "evaluates on must stay as it was planned",
+    "process-state": "leave process-wide state as you found it: no patches of the harness's code, and restore "
+                     "what you change (use context managers such as torch.inference_mode() and `with` blocks)",
 }
 LOAD_FIXES = (
     ("syntax error", "fix the syntax error at that line (`python -m py_compile FILE` shows it)"),

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..config.errors import SweepError
+from ..config.errors import DriverInterrupt, SweepError
 from ..config.files import check_links, ensure_dir
 from ..config.paths import RUNS
 from ..config.specs import Protocol
@@ -59,8 +59,10 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
     """Run every spec of the plan that is not done; the driver writes each record as it arrives.
 
     Ctrl-C (SIGINT) and SIGTERM stop it alike: finished records are kept, the lock is released
-    and the result says `interrupted` and which `signal`.
+    and the result says `interrupted` and which `signal`. A KeyboardInterrupt or SystemExit that a
+    method raises is that run's failed record (harness.run.engine), not a stop.
     """
+    results = Path(results).absolute()  # now: a run that changes the working directory moves no record
     target = protocol_dir(results, protocol.name)
     created = [p for p in (target, *target.parents) if not p.exists()]  # innermost first
     folder = check_writable(results, protocol.name)
@@ -69,7 +71,8 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
     with _signals_interrupt() as stop:
         try:
             with ResultsLock(folder, log=log):
-                _dispatch(plan, protocol, results, options, jobs, executor, progress, on_record, log, result)
+                _dispatch(plan, protocol, results, options, jobs, executor, progress, on_record, log, result,
+                          stop)
         except KeyboardInterrupt:
             result.interrupted, result.signal = True, stop.signal or "SIGINT"
             log(f"\ninterrupted ({result.signal}): {len(result.written)} finished runs are saved; "
@@ -90,7 +93,8 @@ def _remove_empty(folders) -> None:
             return
 
 
-def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_record, log, result) -> None:
+def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_record, log, result,
+              stop=None) -> None:
     """Clean the folder, run the plan's specs, write each record as it arrives (the lock is held)."""
     # only the lock holder may touch files: a concurrent sweep's temp files are not stray
     # (the files that are not counted were reported with the plan: service.sweeps.format_plan)
@@ -103,6 +107,8 @@ def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_rec
     records = runner.run(plan.todo)
     try:
         for record in records:
+            if stop is not None and stop.signal:  # a run swallowed the interrupt: its record may be its victim
+                raise DriverInterrupt
             path = _write(results, runs_dir(results, protocol.name), record, len(result.written))
             result.written.append(path)
             result.statuses[record.status] = result.statuses.get(record.status, 0) + 1
@@ -130,14 +136,15 @@ def _prepare_pretrained(specs, options: RunOptions, log) -> None:
 
 
 class _Stop:
-    """Which signal stopped the sweep (None: none, or a KeyboardInterrupt not raised by our handler)."""
+    """Which signal stopped the sweep (None: none, or a KeyboardInterrupt no signal raised)."""
 
     signal: str | None = None
 
 
 @contextmanager
 def _signals_interrupt():
-    """While the sweep runs, SIGTERM raises KeyboardInterrupt like Ctrl-C does (main thread only)."""
+    """While the sweep runs, SIGTERM raises DriverInterrupt (a KeyboardInterrupt) like Ctrl-C does (main
+    thread only); a run lets DriverInterrupt through, where a method's own KeyboardInterrupt fails the run."""
     stop = _Stop()
     if threading.current_thread() is not threading.main_thread():
         yield stop  # signal handlers can only be set from the main thread
@@ -146,12 +153,23 @@ def _signals_interrupt():
     def handler(signum, frame):
         if stop.signal is None:  # once: a second signal must not break the clean-up after the first
             stop.signal = signal.Signals(signum).name
-            raise KeyboardInterrupt
+            raise DriverInterrupt
 
-    caught = [signal.SIGTERM]
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # leave a caller's own handler be
-        caught.append(signal.SIGINT)
-    previous = {sig: signal.signal(sig, handler) for sig in caught}
+    caller = signal.getsignal(signal.SIGINT)
+
+    def noted(signum, frame):  # a caller's own SIGINT handler decides; if it interrupts, so does the sweep
+        try:
+            return caller(signum, frame)
+        except KeyboardInterrupt:
+            stop.signal = stop.signal or signal.Signals(signum).name
+            raise
+
+    handlers = {signal.SIGTERM: handler}
+    if caller is signal.default_int_handler:
+        handlers[signal.SIGINT] = handler
+    elif callable(caller):
+        handlers[signal.SIGINT] = noted
+    previous = {sig: signal.signal(sig, new) for sig, new in handlers.items()}
     try:
         yield stop
     finally:

@@ -1,6 +1,8 @@
 """run_one(RunSpec) -> RunRecord: train task after task, measure every method alike."""
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import random
 import time
 import traceback
@@ -18,12 +20,15 @@ from ..api import contract
 from ..api.contract import MethodContext, make_optimizer
 from ..api.plugins import used_plugins
 from ..api.registry import get_registry
+from ..config.errors import DriverInterrupt
 from ..config.metrics import all_metrics, step_forgetting
 from ..config.specs import RunRecord, RunSpec, failed_record
 from ..config.vocabulary import Scenario, Status, regime_depth
 from .checks import head_outputs, loss_windows, run_warnings
 from .datasets import dataset_fingerprint, load_dataset
 from .evaluation import evaluate_class_il, task_accuracy
+from .fastdata import skip_lone_batches
+from .isolation import capture, restore
 from .models import build_model, shared_effective_weights, trainable_block_names
 from .norms import snapshot, update_norms
 from .plugins import DivergedError, HarnessPlugin
@@ -48,6 +53,8 @@ class Breach(StrEnum):
     STRATEGY = "strategy"  # build() returned no Avalanche strategy
     PLUGINS = "plugins"  # the strategy never called the harness plugins
     FROZEN = "frozen"  # frozen parameters or buffers changed
+    TEST_DATA = "test-data"  # the test data the harness evaluates on changed
+    PROCESS = "process-state"  # the run changed the harness's code or left state that cannot be put back
 
 
 class AdapterError(RuntimeError):
@@ -86,6 +93,7 @@ class _Progress:
     plugin: HarnessPlugin | None = None  # counts the budget and keeps the losses
     pretrained: dict = field(default_factory=dict)  # provenance of a pretrained backbone
     plugins: dict = field(default_factory=dict)  # provenance: the plug-ins' files (none for built-ins)
+    state: object = None  # the process state before the run (isolation.Snapshot), put back after it
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -122,16 +130,33 @@ def run_one(spec: RunSpec, *, data_dir: str | None = None, download: bool = Fals
         _execute(spec, progress, data_dir, download, dev, method_files, observer)
     except DivergedError as exc:
         status, error = Status.DIVERGED, str(exc)
-    except Exception as exc:  # a failing method is a result, not a crash of the sweep
-        status, error = Status.FAILED, f"{type(exc).__name__}: {exc}"
+    except DriverInterrupt:  # the driver's Ctrl-C/SIGTERM stops the sweep (after the finally below)
+        raise
+    except BaseException as exc:  # a failing method is a result, not a crash of the sweep: sys.exit() too
+        status, error = Status.FAILED, _failure(exc)
         progress.diagnostics["traceback"] = "".join(traceback.format_exc(limit=-6))
         if observer:
             observer("raised", len(progress.rows), exc)
+    finally:  # before the record: what it is computed with must be the harness's own code
+        leaked = restore(progress.state).failure() if progress.state is not None else None
+    if leaked:
+        status, error = Status.FAILED, leaked if status == Status.OK else f"{error}; and {leaked}"
+        if observer:
+            observer("raised", len(progress.rows), AdapterError(leaked, Breach.PROCESS))
     return _record(spec, progress, status, error, time.perf_counter() - started, dev, submission)
+
+
+def _failure(exc: BaseException) -> str:
+    """The error of a run that raised `exc`; an exit or interrupt raised by the method says it ends the run only."""
+    if isinstance(exc, Exception):
+        return f"{type(exc).__name__}: {exc}"
+    return (f"{type(exc).__name__}({exc}) raised inside the run: a method may not exit or interrupt the sweep "
+            "(it fails this run only)")
 
 
 def _execute(spec, progress, data_dir, download, device, method_files, observer=None) -> None:
     get_registry(method_files)  # a worker registers the run's method and plug-in files before it needs them
+    progress.state = capture()  # after registering: importing a method file is not part of any run
     progress.plugins = _check_plugins(spec)
     seed_everything(spec.seed)
     data = load_dataset(spec.dataset.name, data_dir, download)
@@ -151,6 +176,7 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     progress.n_test = [len(t.y_test) for t in tasks]
     strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks, progress)
     evaluate = _evaluator(spec)
+    fingerprints = fingerprint_test_data(tasks)
     progress.init_acc, progress.init_task_aware = _timed_eval(model, tasks, spec, device, progress, evaluate)
     for t, experience in enumerate(to_avalanche(host_tasks, resident=tasks).train_stream):
         t0 = time.perf_counter()
@@ -175,6 +201,7 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
         progress.trained_acc.append(_trained_accuracy(trained, evaluated, tasks[t], spec, device, progress))
         progress.snapshots.append(snapshot(shared_effective_weights(evaluated)))
         progress.diagnostics.update(contract.collect_diagnostics(strategy))
+        _check_test_data(tasks, fingerprints, t)
         if observer:
             observer("after_task", t, strategy)
 
@@ -186,6 +213,30 @@ def _check_frozen(model, before: dict, regime: str) -> None:
         raise AdapterError(f"frozen parameters/buffers changed under regime {regime!r}: {shown}; a method "
                            "must leave frozen blocks alone (no requires_grad changes, no in-place updates)",
                            Breach.FROZEN)
+
+
+def fingerprint_test_data(tasks) -> tuple:
+    """A content hash of every task's test tensors (what the harness evaluates on)."""
+    return tuple((_digest(t.x_test), _digest(t.y_test)) for t in tasks)
+
+
+def _digest(tensor: torch.Tensor) -> str:
+    flat = tensor.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy()
+    return f"{tuple(tensor.shape)}{tensor.dtype}{hashlib.blake2b(flat, digest_size=16).hexdigest()}"
+
+
+def _check_test_data(tasks, fingerprints: tuple, t: int) -> None:
+    changed = [f"task {i + 1}" for i, (now, then) in enumerate(zip(fingerprint_test_data(tasks), fingerprints))
+               if now != then]
+    if changed:
+        raise AdapterError(f"the test data of {', '.join(changed)} changed during task {t + 1}: a method may not "
+                           "write to what the harness evaluates on (ctx.tasks holds copies of the test tensors)",
+                           Breach.TEST_DATA)
+
+
+def method_tasks(tasks) -> tuple:
+    """The tasks as ctx.tasks gives them to a method: test tensors of its own, which nothing evaluated shares."""
+    return tuple(dataclasses.replace(t, x_test=t.x_test.clone(), y_test=t.y_test.clone()) for t in tasks)
 
 
 def _run_model(spec: RunSpec, input_shape, data_dir, download, device, progress):
@@ -258,7 +309,7 @@ def _build_strategy(spec, model, harness_plugin, device, method_files, tasks=(),
         eval_mb_size=spec.eval_batch_size, train_epochs=spec.training.epochs, device=device,
         plugins=(harness_plugin,), n_tasks=spec.dataset.n_tasks, regime=spec.regime,
         pretrain=spec.pretrain, scenario=spec.scenario, seed=spec.seed, training=spec.training,
-        tasks=tuple(tasks), regime_blocks=tuple(trainable_blocks(model, spec.regime)),
+        tasks=method_tasks(tasks), regime_blocks=tuple(trainable_blocks(model, spec.regime)),
         regime_params=tuple(trained_effective(model, spec.regime)),
         accuracy=_accuracy_function(device, spec.eval_batch_size))
     strategy = adapter.build(ctx, **{**adapter.defaults, **spec.hparams})
@@ -267,6 +318,7 @@ def _build_strategy(spec, model, harness_plugin, device, method_files, tasks=(),
                            "not an Avalanche strategy (a SupervisedTemplate subclass)", Breach.STRATEGY)
     keep_optimizer_on_trainable(strategy)
     install_speedups(strategy, adapter, tasks, spec.seed, spec.eval_batch_size)
+    skip_lone_batches(strategy)
     return strategy
 
 

@@ -13,6 +13,10 @@ by a plugin), or on a dataset the method built and tagged with its tensors
 mix tasks); otherwise (a plugin adding data or transforms) Avalanche's loader is built as
 before. Plugins that replace or wrap `strategy.dataloader` themselves (replay's memory
 batches) run after this and still do so.
+
+On either path a minibatch of one row is skipped while the model trains a BatchNorm layer
+(`skip_lone_batches`): BatchNorm cannot normalise a single sample (a 269-row task in batches of
+67 ends with one), and pretraining skips it too (harness.run.pretrain.train_backbone).
 """
 from __future__ import annotations
 
@@ -46,9 +50,14 @@ class TensorBatches:
                   else torch.full((len(y),), self.task, dtype=torch.long, device=device))
         self.batch_size, self.generator, self.shuffle = int(batch_size), generator, shuffle
         self.transform, self.features, self.batch_cached = transform, None, False
+        self.skip_lone = _never  # () -> whether a last batch of one row is skipped (see skip_lone_batches)
 
     def __len__(self) -> int:
-        return math.ceil(len(self.y) / self.batch_size)
+        n = len(self.y)
+        return math.ceil(n / self.batch_size) - (n % self.batch_size == 1 and self._skips_lone())
+
+    def _skips_lone(self) -> bool:
+        return len(self.y) > 1 < self.batch_size and self.skip_lone()
 
     def __iter__(self):
         if self.transform is not None and self.features is None:
@@ -59,10 +68,56 @@ class TensorBatches:
         order = order.to(self.x.device)
         for start in range(0, n, self.batch_size):
             idx = order[start:start + self.batch_size]
+            if len(idx) == 1 and self._skips_lone():
+                break  # the last batch, of one row
             self.batch_cached = self.features is not None and len(idx) >= SMALL_BATCH
             x = self.features if self.batch_cached else self.x
             yield [x[idx], self.y[idx], self.t[idx] if self.mixed else self.t[:len(idx)]]
         self.batch_cached = False
+
+
+def _never() -> bool:
+    return False
+
+
+def trains_batchnorm(model) -> bool:
+    """Whether a forward pass of `model` now normalises with batch statistics (a batch of one fails it)."""
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and (m.training or m.running_mean is None)
+               for m in model.modules())
+
+
+class SkipLone:
+    """A training loader without its batches of one row while `skip()` says so (Avalanche's loaders)."""
+
+    def __init__(self, loader, skip):
+        self.loader, self.skip = loader, skip
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            if len(batch[0]) == 1 and self.skip():
+                continue
+            yield batch
+
+
+def skip_lone_batches(strategy) -> None:
+    """Make the strategy's training loaders (fast or Avalanche's) skip a batch of one row while the
+    model trains BatchNorm and minibatches are larger (a batch size of 1 stays the method's own)."""
+    made = strategy.make_train_dataloader
+
+    def skip() -> bool:
+        return strategy.train_mb_size > 1 and trains_batchnorm(strategy.model)
+
+    def make_train_dataloader(**kwargs):
+        made(**kwargs)
+        if isinstance(strategy.dataloader, TensorBatches):
+            strategy.dataloader.skip_lone = skip
+        else:
+            strategy.dataloader = SkipLone(strategy.dataloader, skip)
+
+    strategy.make_train_dataloader = make_train_dataloader
 
 
 def plain_task_index(strategy, tasks) -> int | None:

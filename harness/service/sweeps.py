@@ -6,10 +6,11 @@ importing the service (and the CLI on top of it) stays fast and torch-free.
 """
 from __future__ import annotations
 
+import os
 import shlex
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,7 @@ def run(req: SweepRequest, log: Log = print) -> SweepOutcome:
     summary and the leaderboard."""
     from ..execution.plan import plan_sweep
 
+    req = absolute_paths(req)
     _start_workers_early(req)
     protocol = _load(req)
     plan = plan_sweep(protocol, req.results, data_dir=req.data_dir, download=req.download, dry_run=req.dry_run,
@@ -81,7 +83,7 @@ def submit(req: SubmitRequest, log: Log = print) -> SubmitOutcome:
     from ..execution.check import check
     from ..execution.submission import prepare
 
-    s = req.sweep
+    s = absolute_paths(req.sweep)
     _start_workers_early(s)
     checked = check(req.file, device=req.check_device)
     if not checked.ok:
@@ -111,6 +113,21 @@ def reproduce(req: ReproduceRequest) -> Reproduction:
         refuse_record_area(req.results, req.out, "--out")
     return rerun(req.run_id, req.results, data_dir=req.data_dir, device=req.device, out=req.out,
                  method_files=req.method_files, plugin_files=req.plugin_files)
+
+
+def absolute_paths(req: SweepRequest) -> SweepRequest:
+    """The request with the paths it reads made absolute now, so that nothing later depends on the working
+    directory (the results folder is shown as given; the sweep writes to its absolute path)."""
+    def absolute(path: str) -> str:
+        return os.path.abspath(os.path.expanduser(path))
+
+    def existing(path: str) -> str:  # names (a protocol's, a missing file's) stay as given for the error
+        return absolute(path) if os.path.exists(os.path.expanduser(path)) else path
+
+    return replace(req, protocol=existing(req.protocol),
+                   data_dir=req.data_dir and absolute(req.data_dir),
+                   method_files=tuple(existing(f) for f in req.method_files),
+                   plugin_files=tuple(existing(f) for f in req.plugin_files))
 
 
 def _load(req: SweepRequest):

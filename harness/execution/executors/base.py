@@ -38,6 +38,14 @@ def run_spec(spec: RunSpec, options: RunOptions) -> RunRecord:
                    submission=options.submission)
 
 
+def run_in_worker(spec: RunSpec, options: RunOptions) -> RunRecord | None:
+    """run_spec in a pool worker; None (nothing ran) once an earlier run left this process in a state
+    that could not be put back (harness.run.isolation): the executor reruns the spec in a fresh worker."""
+    from ...run.isolation import process_dirty
+
+    return None if process_dirty() else run_spec(spec, options)
+
+
 # Worker processes are forked from a server process that has imported the whole stack once
 # (torch, Avalanche, the harness: ~7 s of imports a spawned worker would pay again, as would
 # every replacement of a dead or timed-out worker). CL_BENCH_START_METHOD=spawn restores
@@ -123,6 +131,16 @@ def init_forked_worker(setup: WorkerSetup, counter=None) -> None:
             index, counter.value = counter.value, counter.value + 1
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu_for_worker(index, setup.gpus)  # before CUDA starts
     init_worker(setup.threads)
+
+
+def init_worker_process(setup: WorkerSetup, counter=None) -> None:
+    """What a worker process does first: leave Ctrl-C to the driver, then `init_forked_worker`."""
+    import signal
+
+    # Ctrl-C reaches the whole process group: only the driver acts on it (it stops the workers), so
+    # that a KeyboardInterrupt inside a worker's run can only be the method's own (a failed record).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    init_forked_worker(setup, counter)
 
 
 def init_worker(threads: int | None) -> None:

@@ -4,15 +4,23 @@ from __future__ import annotations
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-from .base import Executor, init_forked_worker, lost_record, run_spec, threads_per_run, worker_context, worker_setup
+from .base import (
+    Executor,
+    init_worker_process,
+    lost_record,
+    run_in_worker,
+    threads_per_run,
+    worker_context,
+    worker_setup,
+)
 
 
 class ProcessExecutor(Executor):
     """Runs specs in `jobs` long-lived worker processes (one pool per sweep), at most `jobs` in flight."""
 
     name = "process"
-    worker = staticmethod(run_spec)         # what a worker process runs (a test seam)
-    initializer = staticmethod(init_forked_worker)
+    worker = staticmethod(run_in_worker)    # what a worker process runs (a test seam)
+    initializer = staticmethod(init_worker_process)
 
     def run(self, specs):
         """Yield one record per spec as workers finish.
@@ -20,37 +28,45 @@ class ProcessExecutor(Executor):
         A worker that dies breaks the whole pool (every pending future fails): the pool is
         rebuilt and the runs it took down are rerun one at a time, which tells the run that
         kills its worker apart from bystanders; that run becomes a failed record once it has
-        died alone `max_retries` + 1 times.
+        died alone `max_retries` + 1 times. A worker that an earlier run left dirty (its state could
+        not be put back) runs nothing more: its pool is retired (its runs in flight finish) and the
+        spec goes to a fresh pool.
         """
         threads = threads_per_run(self.options, self.jobs)
-        todo, suspects, deaths, pending = deque(specs), deque(), {}, {}
+        todo, suspects, deaths, pending, retired = deque(specs), deque(), {}, {}, []
         pool = self._pool(threads)
         try:
             while todo or suspects or pending:
                 queue, limit = (suspects, 1) if suspects else (todo, self.jobs)
                 while queue and len(pending) < limit:
                     spec = queue.popleft()
-                    pending[pool.submit(self.worker, spec, self.options)] = spec
+                    pending[pool.submit(self.worker, spec, self.options)] = spec, pool
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                if not any(_broken(f) for f in done):
-                    for future in done:
-                        yield _result_or_failure(future, pending.pop(future))
-                    continue
-                wait(pending)  # a broken pool fails all its futures at once
+                finished = done if not any(_broken(f) for f in done) else wait(pending).done
                 casualties = []
-                for future in list(pending):
-                    spec = pending.pop(future)
-                    if _broken(future):
+                for future in finished:
+                    spec, used = pending.pop(future)
+                    if _broken(future):  # a broken pool fails all its futures at once
                         casualties.append(spec)
-                    else:
-                        yield _result_or_failure(future, spec)
-                pool.shutdown(wait=False, cancel_futures=True)
-                pool = self._pool(threads)
-                yield from self._triage(casualties, suspects, deaths)
+                        continue
+                    record = _result_or_failure(future, spec)
+                    if record is not None:
+                        yield record
+                        continue
+                    todo.appendleft(spec)  # its worker was dirty: it ran nothing
+                    if used is pool:
+                        retired.append(pool)
+                        pool.shutdown(wait=False)
+                        pool = self._pool(threads)
+                if casualties:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                    pool = self._pool(threads)
+                    yield from self._triage(casualties, suspects, deaths)
         finally:
-            if pending:  # stopped early (Ctrl-C, SIGTERM): the runs in flight are not waited for
-                _kill_workers(pool)
-            pool.shutdown(wait=False, cancel_futures=True)
+            for old in (*retired, pool):
+                if pending:  # stopped early (Ctrl-C, SIGTERM): the runs in flight are not waited for
+                    _kill_workers(old)
+                old.shutdown(wait=False, cancel_futures=True)
 
     def _pool(self, threads: int):
         ctx = worker_context()

@@ -16,6 +16,8 @@ from ...config.errors import SweepError
 from ...config.specs import RunRecord, RunSpec
 from .base import Executor, init_worker, lost_record, run_spec
 
+DIRTY_EXIT = 75  # a worker's exit status once a run left it dirty (counted as a crash, retried)
+
 
 @dataclass(frozen=True)
 class RayOptions:
@@ -29,6 +31,10 @@ class RayOptions:
 
 def _ray_task(spec_dict: dict, options, threads: int) -> dict:
     """Runs on a Ray worker: one spec -> the record as a plain dict."""
+    from ...run.isolation import process_dirty
+
+    if process_dirty():  # an earlier run left this reused worker in a state that could not be put back:
+        os._exit(DIRTY_EXIT)  # end it before it runs anything; Ray reruns the task on a fresh worker
     init_worker(threads)  # Ray reuses worker processes: setting threads again is harmless
     return run_spec(RunSpec.from_dict(spec_dict), options).to_dict()
 

@@ -17,7 +17,7 @@ from collections import deque
 from multiprocessing.connection import wait
 
 from ...config.vocabulary import Status
-from .base import Executor, init_forked_worker, lost_record, run_spec, threads_per_run, worker_context, worker_setup
+from .base import Executor, init_worker_process, lost_record, run_spec, threads_per_run, worker_context, worker_setup
 
 STARTUP_FAILURES = 3  # workers dying before they serve anything: give up instead of looping
 SETUP_MIN_S = 60.0  # the least time a worker gets to load a run's data set (first load: files, decoding)
@@ -29,8 +29,11 @@ def setup_limit(timeout: float) -> float:
 
 
 def _serve(conn, options, setup, counter=None) -> None:
-    """Worker loop: warm up and announce readiness, then load, announce and run each spec until None or EOF."""
-    init_forked_worker(setup, counter)
+    """Worker loop: warm up and announce readiness, then load, announce and run each spec until None, EOF
+    or a run that leaves the process dirty (harness.run.isolation)."""
+    from ...run.isolation import process_dirty
+
+    init_worker_process(setup, counter)
     _warm_up(options)
     conn.send(("ready", None))
     while True:
@@ -42,7 +45,11 @@ def _serve(conn, options, setup, counter=None) -> None:
             return
         _load_data(spec, options)
         conn.send(("started", None))
-        conn.send(("done", run_spec(spec, options)))
+        record = run_spec(spec, options)
+        if process_dirty():  # the run left state that could not be put back: a fresh worker takes over
+            conn.send(("retired", record))
+            return
+        conn.send(("done", record))
 
 
 def _warm_up(options) -> None:
@@ -144,6 +151,9 @@ class TimeoutExecutor(Executor):
             return None, startup_deaths
         if message is not None:
             w.spec, w.deadline = None, None
+            if message[0] == "retired":  # it serves no more runs: replaced when one is waiting
+                w.kill()
+                workers.remove(w)
             return message[1], startup_deaths
         spec, started = w.spec, w.started
         overdue = spec is not None and time.monotonic() >= w.deadline
@@ -180,9 +190,10 @@ class TimeoutExecutor(Executor):
 
     @staticmethod
     def _stop(w) -> None:
-        try:
-            w.conn.send(None)
-        except (OSError, ValueError):
-            pass
-        w.proc.join(2)
+        if w.spec is None:  # idle: let it end itself; one with a run in flight (stopped early) is killed now
+            try:
+                w.conn.send(None)
+            except (OSError, ValueError):
+                pass
+            w.proc.join(2)
         w.kill()
