@@ -37,6 +37,7 @@ from .gpm import (
     check_gpm_hparams,
     dataset_batches,
     sample_indices,
+    without_lone_batches,
 )
 
 STAGE_BUDGETS = ("split", "full")
@@ -229,7 +230,8 @@ class BecameStrategy(SupervisedTemplate):
         was_training = self.model.training
         self.model.train()  # the spec: train mode; BatchNorm statistics restored below
         try:
-            batches = dataset_batches(dataset, idx, self.ctx.train_mb_size, self.device)
+            batches = without_lone_batches(self.model, dataset_batches(dataset, idx, self.ctx.train_mb_size,
+                                                                       self.device))
             return diag_fisher(self.model, batches, params)
         finally:
             with torch.no_grad():

@@ -43,7 +43,7 @@ from ..api.contract import MethodAdapter, Range
 from ..api.subspace import effective_weights, write_effective
 from . import _merge_rules as rules
 from ._batchnorm import batchnorm_layers, recompute_statistics
-from .gpm import dataset_batches
+from .gpm import dataset_batches, without_lone_batches
 
 FINETUNE_MODES = ("sequential", "independent")
 BATCHNORM_MODES = ("recompute", "merge", "latest")
@@ -164,7 +164,8 @@ class MergingPlugin(SupervisedPlugin):
             device = next(evaluated.parameters()).device
             n = min(len(self.dataset), RECOMPUTE_SAMPLES)
             idx = torch.linspace(0, len(self.dataset) - 1, n).round().long()
-            batches = (x for x, _ in dataset_batches(self.dataset, idx, self.batch_size, device))
+            lone_free = without_lone_batches(evaluated, dataset_batches(self.dataset, idx, self.batch_size, device))
+            batches = (x for x, _ in lone_free)
             recompute_statistics(evaluated, self.blocks, batches)
 
     def harness_diagnostics(self) -> dict:

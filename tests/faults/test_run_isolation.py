@@ -382,3 +382,19 @@ def test_models_without_batchnorm_still_train_on_the_batch_of_one():
                      training=TrainingSpec(lr=0.05, momentum=0.9, epochs=1, batch_size=67))
     record = run_one(spec, device="cpu")
     assert record.budget["optimizer_steps"] == _iterations(FIRST_TASK_ROWS, 67, False) + _iterations(270, 67, False)
+
+
+def _builtin_methods() -> list[str]:
+    from harness.api.registry import get_registry
+
+    return sorted(name for name, adapter in get_registry(()).items() if adapter.source == "built-in")
+
+
+@pytest.mark.parametrize("method", _builtin_methods())
+def test_every_builtin_method_survives_a_last_batch_of_one_on_batchnorm(method):
+    # Methods with passes of their own (BECAME's Fisher, a merged model's recomputed statistics) skip it too.
+    hparams = {"batchnorm": "recompute"} if method in {"magmax", "ties", "task-arithmetic"} else {}
+    spec = make_spec(**BN, method=method, hparams=hparams,
+                     training=TrainingSpec(lr=0.05, momentum=0.9, epochs=2, batch_size=67))
+    record = run_one(spec, device="cpu")
+    assert record.status == "ok", f"{method}: {record.error}"
