@@ -137,13 +137,17 @@ def test_versions_that_number_alike_pick_one_and_say_so(versions, tmp_path):
 CHILD = textwrap.dedent("""\
     import sys
     from pathlib import Path
-    from harness.service.records import export, print_summary
+    from harness.service.records import build_leaderboard, export, print_summary
     from harness.service.requests import ExportRequest
     for folder in sorted(Path(sys.argv[1]).iterdir()):
         out = Path(sys.argv[2]) / f"{folder.name}.csv"
         export(ExportRequest(results=str(folder), out=str(out)), log=print)
         print(out.read_text())
         print_summary(folder, "test")
+    site = Path(sys.argv[2]) / "site"  # one site (a build takes a while): its pages, byte for byte
+    build_leaderboard(Path(sys.argv[1]) / "v0", "test", str(site))
+    for page in sorted(site.rglob("*")):
+        print(page.relative_to(site), page.read_bytes() if page.is_file() else "")
     """)
 
 
