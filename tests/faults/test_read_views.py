@@ -237,17 +237,16 @@ def test_mlflow_records_of_one_run_id_are_chosen_by_content_with_a_warning(tmp_p
     from harness.outputs.tracking import KIND_TAG, RECORD_ARTIFACT
 
     a, b = record_json(), put(record_json(), "timings.total_s", 9.0)
-    chosen = set()
-    for n, pair in enumerate(((a, b), (b, a))):
-        uri = f"sqlite:///{tmp_path / f'm{n}.db'}"
-        client = MlflowClient(tracking_uri=uri)
-        exp = client.create_experiment("exp", artifact_location=(tmp_path / f"art{n}").as_uri())
+    chosen, uri = set(), f"sqlite:///{tmp_path / 'm.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    for n, pair in enumerate(((a, b), (b, a))):  # one experiment per order of logging
+        exp = client.create_experiment(f"exp{n}", artifact_location=(tmp_path / f"art{n}").as_uri())
         for data in pair:
             run = client.create_run(exp, tags={KIND_TAG: "run", "run_id": data["run_id"]})
             client.log_text(run.info.run_id, json.dumps(data), RECORD_ARTIFACT)
             client.set_terminated(run.info.run_id, end_time=1000)
         lines = []
-        found = records_from_mlflow(uri, "exp", log=lines.append)
+        found = records_from_mlflow(uri, f"exp{n}", log=lines.append)
         assert [r.run_id for r in found] == [a["run_id"]]
         assert sum("several different records" in line for line in lines) == 1, lines
         chosen.add(found[0].timings["total_s"])
