@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from .pretrain import Pretrain
+from .validate import MAX_SEED, Validator
 from .vocabulary import Scenario, Status
 
 # 2: run ids cover the method's implementation and the data's content (RunSpec.method_version,
@@ -150,6 +151,56 @@ class RunSpec:
         d["scenario"] = Scenario(d["scenario"])
         d["pretrain"] = Pretrain.from_json(d["pretrain"])
         return RunSpec(**d)
+
+
+SPEC_TEXT = ("protocol", "protocol_version", "regime", "method", "label", "method_version", "data_fingerprint")
+
+
+def check_spec_json(d) -> None:
+    """Raise ValueError naming the field unless a record's spec (its JSON form) has exactly the types
+    and ranges a protocol gives: an integer is an int, never a float or a bool, so `seed: 0.0`
+    cannot hash to a second run id for the cell of `seed: 0`."""
+    v = Validator("spec", ValueError)
+    keys = [f.name for f in fields(RunSpec)]
+    v.mapping(d, "spec", keys, [k for k in keys if k != "plugins"])
+    for key in SPEC_TEXT:
+        v.string(d[key], key)
+    v.choice(d["scenario"], "scenario", tuple(Scenario))
+    v.integer(d["order"], "order", 0)
+    v.integer(d["seed"], "seed", 0, MAX_SEED)
+    v.integer(d["eval_batch_size"], "eval_batch_size", 1)
+    if not isinstance(d["class_order"], list):
+        v.fail("class_order", "expected a list of class indices")
+    for i, c in enumerate(d["class_order"]):
+        v.integer(c, f"class_order[{i}]", 0)
+    if not isinstance(d["hparams"], dict):
+        v.fail("hparams", "expected a mapping")
+    v.plain(d["hparams"], "hparams")
+    _check_dataset(v, d["dataset"])
+    _check_training(v, d["training"])
+    plugins = d.get("plugins", {})
+    if not isinstance(plugins, dict) or not all(isinstance(h, str) for h in plugins.values()):
+        v.fail("plugins", "expected a mapping of plug-in names to content hashes")
+
+
+def _check_dataset(v: Validator, d) -> None:
+    keys = [f.name for f in fields(DatasetSpec)]
+    v.mapping(d, "dataset", keys, keys)
+    v.string(d["name"], "dataset.name")
+    v.string(d["model"], "dataset.model")
+    v.integer(d["n_tasks"], "dataset.n_tasks", 1)
+    v.integer(d["classes_per_task"], "dataset.classes_per_task", 1)
+
+
+def _check_training(v: Validator, d) -> None:
+    keys = [f.name for f in fields(TrainingSpec)]
+    v.mapping(d, "training", keys, keys)
+    v.string(d["optimizer"], "training.optimizer")
+    v.within(d["lr"], "training.lr", float, "a finite number > 0", lambda x: x > 0)
+    v.number(d["momentum"], "training.momentum", 0.0, below=1.0)
+    v.number(d["weight_decay"], "training.weight_decay", 0.0)
+    v.integer(d["epochs"], "training.epochs", 1)
+    v.integer(d["batch_size"], "training.batch_size", 1)
 
 
 def spec_hash(spec_dict: dict) -> str:

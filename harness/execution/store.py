@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 from dataclasses import dataclass, field, fields
@@ -12,8 +13,9 @@ import numpy as np
 from ..config.files import TMP_MARK, ensure_dir, inside, write_atomic
 from ..config.metrics import all_metrics, step_forgetting
 from ..config.paths import RUNS
-from ..config.specs import SCHEMA_VERSION, RunRecord, run_id_of
+from ..config.specs import SCHEMA_VERSION, RunRecord, check_spec_json, run_id_of
 from ..config.text import terminal_safe
+from ..config.validate import show
 from ..config.vocabulary import Scenario, Status
 from ..run.checks import run_warnings
 
@@ -75,6 +77,10 @@ def validate_record(data, expected_run_id: str | None = None, protocol: str | No
         return Problem("corrupt", "its spec does not hash to its run_id (edited or foreign record)")
     if expected_run_id is not None and data["run_id"] != expected_run_id:
         return Problem("corrupt", f"file name says {expected_run_id} but the record's run_id is {data['run_id']}")
+    try:
+        check_spec_json(data["spec"])
+    except ValueError as exc:  # a field of another type or out of range: forged, or not a record of a protocol
+        return Problem("corrupt", f"its {exc}")
     shape = _shape_problem(data)
     if shape:
         return Problem("corrupt", shape)
@@ -113,15 +119,74 @@ def _shape_problem(data: dict) -> str | None:
     blocks_ok = isinstance(per_block, dict) and all(_series(v) for v in per_block.values())
     if bad or not (norms.get("drift") is None or _number(norms["drift"])) or not blocks_ok:
         return "its update_norms are not lists of numbers (shared, relative, step_forgetting, per_block) and a drift"
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data["params"].values()):
-        return "its params are not parameter counts"
     if not all(isinstance(data["provenance"].get(k, {}), (dict, type(None))) for k in ("method", "submission")):
         return "its provenance's method/submission are not mappings"
     if not all(isinstance(w, dict) and isinstance(w.get("code"), str) and isinstance(w.get("message"), str)
                and (w.get("task") is None or _number(w["task"])) for w in data["warnings"]):
         return "its warnings are not {code, task, message} entries"
-    if not all(_number(data["budget"].get(k, 0)) for k in ("optimizer_steps", "samples_seen")):
-        return "its budget's optimizer_steps/samples_seen are not numbers"
+    return _range_problem(data)
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _size(x, finite: bool = True) -> bool:
+    """A number >= 0; NaN and inf only where `finite` is False."""
+    if not _number(x):
+        return False
+    return math.isfinite(x) and x >= 0 if finite else (math.isnan(x) or x >= 0)
+
+
+def _leaves(name: str, value):
+    """(name, item) for a value, or for each item of a list (nested lists too), named by index."""
+    if isinstance(value, list):
+        for i, x in enumerate(value):
+            yield from _leaves(f"{name}[{i}]", x)
+    else:
+        yield name, value
+
+
+COUNT = (_count, "a non-negative integer")
+OPTIONAL_COUNT = (lambda x: x is None or _count(x), "a non-negative integer or null")
+SECONDS = (_size, "a finite number >= 0")
+ACCURACY = (lambda x: x is None or (_number(x) and 0.0 <= x <= 1.0), "an accuracy in [0, 1] or null")
+FINITE = (lambda x: x is None or (_number(x) and math.isfinite(x)), "a finite number or null")
+CHANCE = (lambda x: _number(x) and 0.0 < x <= 1.0, "a chance level in (0, 1]")
+CHECKS = {"chance": CHANCE, "n_test": COUNT, "probe_acc": ACCURACY, "trained_acc": ACCURACY,
+          "loss_first": FINITE, "loss_last": FINITE}
+
+
+def _measured(data: dict):
+    """(field, value, rule) for every number a run measures besides its metrics and accuracies."""
+    # A run that diverged may have measured NaN or inf weights (its norms say so); a finished one never.
+    finite = data["status"] == Status.OK
+    norm = (lambda x: x is None or _size(x, finite),
+            "a finite number >= 0 or null" if finite else "a number >= 0 (NaN or inf included) or null")
+    yield "regime_depth", data["regime_depth"], OPTIONAL_COUNT
+    yield "n_blocks", data["n_blocks"], OPTIONAL_COUNT
+    for key, value in data["params"].items():
+        yield f"params.{key}", value, (SECONDS if key == "fraction" else COUNT)
+    for key, value in data["budget"].items():
+        yield from ((name, x, COUNT) for name, x in _leaves(f"budget.{key}", value))
+    for key, value in data["timings"].items():
+        yield from ((name, x, SECONDS) for name, x in _leaves(f"timings.{key}", value))
+    norms = data["update_norms"]
+    series = {k: norms[k] for k in ("shared", "relative") if k in norms}
+    series.update({f"per_block.{b}": v for b, v in norms.get("per_block", {}).items()})
+    for key, value in series.items():
+        yield from ((name, x, norm) for name, x in _leaves(f"update_norms.{key}", value))
+    yield "update_norms.drift", norms.get("drift"), norm
+    for key, rule in CHECKS.items():
+        if key in data["checks"]:
+            yield from ((name, x, rule) for name, x in _leaves(f"checks.{key}", data["checks"][key]))
+
+
+def _range_problem(data: dict) -> str | None:
+    """The first measured number (not a metric) out of its range, named by its field, or None."""
+    for name, value, (ok, allowed) in _measured(data):
+        if not ok(value):
+            return f"its {name} is {show(value)}; allowed: {allowed}"
     return None
 
 

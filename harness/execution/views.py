@@ -13,9 +13,11 @@ from ..config.text import terminal_safe
 
 
 def version_key(version: str):
-    """Sort key of protocol versions: numeric parts numerically ("10" after "2")."""
+    """Total sort key of protocol versions: numeric parts numerically ("10" after "2"), then the
+    string itself, so versions the parts call equal ("1" and "01", "1.0" and "1-0") still have
+    one order (never the set's, which changes with PYTHONHASHSEED)."""
     parts = str(version).replace("-", ".").split(".")
-    return [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts]
+    return [(0, int(p), "") if p.isascii() and p.isdigit() else (1, 0, p) for p in parts], str(version)
 
 
 def view_records(records: list, version: str | None = None, grid=None, log=print) -> list:
@@ -39,6 +41,10 @@ def _one_protocol(name: str, records: list, version, grid, log) -> list:
         raise SweepError(f"--protocol-version: protocol {name!r} has no records of version {keep!r}; "
                          f"allowed: {', '.join(versions)}")
     chosen = [r for r in records if r.spec.protocol_version == keep]
+    twins = [v for v in versions if v != keep and version_key(v)[0] == version_key(keep)[0]]
+    if twins and version is None:
+        log(f"warning: protocol {name!r} has records of versions {', '.join(sorted([keep, *twins]))}, which "
+            f"number alike; version {keep} is shown (--protocol-version chooses)")
     log(f"protocol {name} version {keep}: {len(chosen)} records"
         + (f" (version(s) {', '.join(v for v in versions if v != keep)} left out: "
            f"{len(records) - len(chosen)} records; --protocol-version chooses)" if len(chosen) < len(records) else ""))

@@ -5,6 +5,7 @@ import io
 import json
 import os
 import tempfile
+from collections import defaultdict
 from pathlib import Path
 
 from ..config.errors import ExportError
@@ -46,22 +47,33 @@ def export_table(records: list, fmt: str, out: str | Path, root: str | Path | No
 
 
 def records_from_mlflow(uri: str, experiment: str, log=print) -> list[RunRecord]:
-    """Valid records of an MLflow experiment's child runs (one per run id, ok runs preferred)."""
+    """Valid records of an MLflow experiment's child runs, by run id (one per run id: ok runs preferred,
+    then the newest, then a total order of their content; several different ones get a warning)."""
     from .. import compat  # noqa: F401  (telemetry off before mlflow is imported)
+    from ..config.text import terminal_safe
     from ..execution.store import parse_record
-    from .tracking import KIND_TAG, RECORD_ARTIFACT, quiet_mlflow_logs, search_all
+    from .tracking import KIND_TAG, RECORD_ARTIFACT, quiet_mlflow_logs, search_all, store_problem
 
+    say = log  # notes quote records' contents: no control or bidi characters reach the terminal
+    log = lambda message: say(terminal_safe(message))  # noqa: E731
+    problem = store_problem(uri)  # before MLflow opens it: opening a missing store creates one
+    if problem:
+        raise ExportError(f"--from-mlflow: {problem}")
     quiet_mlflow_logs()
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one bar per run otherwise
     from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(experiment)
+        names = sorted(e.name for e in client.search_experiments()) if exp is None else []
+    except MlflowException as exc:
+        raise ExportError(f"--from-mlflow: {uri}: {str(exc).splitlines()[0][:300]}") from None
     if exp is None:
-        names = sorted(e.name for e in client.search_experiments())
         raise ExportError(f"--experiment: no experiment {experiment!r} at {uri}; "
                           f"found: {', '.join(names) or 'none'}")
-    best = {}
+    found = defaultdict(list)
     with tempfile.TemporaryDirectory(prefix="cl-bench-mlflow-") as tmp:
         for run in search_all(client, exp.experiment_id, f"tags.`{KIND_TAG}` = 'run'"):
             try:
@@ -72,9 +84,20 @@ def records_from_mlflow(uri: str, experiment: str, log=print) -> list[RunRecord]
                 continue
             record, problem = parse_record(data)
             if problem:
-                log(f"note: MLflow run {run.info.run_id}: invalid record ({problem}); skipped")
+                log(f"note: MLflow run {run.info.run_id}: invalid record ({problem.reason}); skipped")
                 continue
-            key = (record.ok, run.info.end_time or 0)
-            if record.run_id not in best or key > best[record.run_id][0]:
-                best[record.run_id] = (key, record)
-    return [record for _, record in best.values()]
+            found[record.run_id].append(((record.ok, run.info.end_time or 0, _canonical(record)), record))
+    return _one_per_run_id(found, experiment, log)
+
+
+def _canonical(record: RunRecord) -> str:
+    return json.dumps(record.to_dict(), sort_keys=True, separators=(",", ":"), allow_nan=True)
+
+
+def _one_per_run_id(found: dict, experiment: str, log) -> list[RunRecord]:
+    """The best record of each run id (the largest key), in run-id order; says where several differ."""
+    clashes = sorted(rid for rid, entries in found.items() if len({key[2] for key, _ in entries}) > 1)
+    if clashes:
+        log(f"warning: {len(clashes)} run ids have several different records in MLflow experiment "
+            f"{experiment!r} (e.g. {clashes[0]}); each shows its ok one, then the newest")
+    return [max(found[rid], key=lambda entry: entry[0])[1] for rid in sorted(found)]

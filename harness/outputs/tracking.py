@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ..config.files import check_links
 from ..config.numbers import is_number
@@ -22,6 +23,11 @@ KIND_TAG = "cl_bench.kind"          # "sweep" (parent) or "run" (child)
 SWEEP_KEY_TAG = "cl_bench.sweep_key"
 RECORD_ARTIFACT = "record.json"
 _TAG_MAX = 5000
+# How long a tracking server may take to answer before tracking is given up: MLflow's own client
+# waits 120 s a request and retries 7 times (about 4 minutes for a server that is not there).
+PROBE_TIMEOUT_S = 3.0
+REMOTE_SCHEMES = ("http", "https")
+SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
 def resolve_tracking(results, uri: str | None = None) -> tuple[str, str | None]:
@@ -172,6 +178,7 @@ class SweepTracker:
     def _open(self) -> None:
         if self.client is not None:
             return
+        check_reachable(self.uri)
         from .. import compat  # noqa: F401  (telemetry off before mlflow is imported)
 
         quiet_mlflow_logs()
@@ -232,6 +239,87 @@ class SweepTracker:
             Metric("runs_logged_this_session", float(self.logged), now, 0),
             Metric("runs_ok_before_this_session", float(ok), now, 0)])
         self.client.set_terminated(self.parent, status=status)
+
+
+def check_reachable(uri: str, timeout: float | None = None) -> None:
+    """Raise ConnectionError unless the tracking server of an http(s) URI answers (any HTTP status)
+    within `timeout` seconds (PROBE_TIMEOUT_S); other URIs have no server to wait for."""
+    if uri.partition(":")[0].lower() not in REMOTE_SCHEMES:
+        return
+    import warnings
+
+    import requests  # MLflow's own HTTP client: proxies and certificates as MLflow uses them
+
+    timeout = PROBE_TIMEOUT_S if timeout is None else timeout
+    where = urlsplit(uri).netloc.rpartition("@")[2] or uri  # never the credentials of user:password@host
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # verify=False: the probe asks whether it answers, not who
+        try:
+            requests.get(uri, timeout=timeout, verify=False, allow_redirects=False, stream=True).close()
+        except requests.RequestException as exc:
+            raise ConnectionError(f"the tracking server {where} did not answer within {timeout:g} s "
+                                  f"({type(exc).__name__})") from None
+
+
+def store_problem(uri: str) -> str | None:
+    """Why `uri` names no existing MLflow store to read from (one line naming the path), or None.
+
+    Opening a missing sqlite database or file store creates one: a reader checks first, and creates nothing.
+    """
+    scheme, _, rest = uri.partition(":")
+    scheme = scheme.lower() if "/" not in scheme and len(scheme) > 1 else ""  # C:\... is a path
+    if scheme in REMOTE_SCHEMES:
+        try:
+            check_reachable(uri)
+        except ConnectionError as exc:
+            return str(exc)
+        return None
+    if scheme == "sqlite":
+        path = rest[len("///"):].partition("?")[0] if rest.startswith("///") else ""
+        return _sqlite_problem(Path(path)) if path else f"{uri} is not the URI of a database file " \
+            "(allowed: sqlite:///relative/path.db or sqlite:////absolute/path.db)"
+    if scheme in ("", "file"):
+        path = Path(urlsplit(uri).path if scheme == "file" else uri)
+        return _file_store_problem(path)
+    return None  # another database server (postgresql, mysql, ...): MLflow says what is wrong
+
+
+def _sqlite_problem(path: Path) -> str | None:
+    if not path.exists():
+        return f"no MLflow database at {path} (missing); allowed: an existing MLflow sqlite database"
+    if not path.is_file():
+        return f"{path} is not an MLflow database (a folder or another kind of file)"
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(SQLITE_MAGIC))
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror or exc})"
+    if head != SQLITE_MAGIC:
+        return f"{path} is not an SQLite database, so not an MLflow one"
+    import sqlite3
+    from contextlib import closing
+    from urllib.parse import quote
+
+    try:  # read-only: a database that is not MLflow's is never migrated into one
+        with closing(sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=ro", uri=True)) as db:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error as exc:
+        return f"{path} cannot be read as an SQLite database ({exc})"
+    if not {"experiments", "runs"} <= tables:
+        return f"{path} is an SQLite database without MLflow's tables (experiments, runs)"
+    return None
+
+
+def _file_store_problem(path: Path) -> str | None:
+    if not path.exists():
+        return f"no MLflow store at {path} (missing); allowed: a tracking server URL, sqlite:///PATH of an " \
+               "existing MLflow database, or an MLflow file store folder"
+    if path.is_file():
+        hint = f"; write sqlite:///{path}" if _sqlite_problem(path) is None else ""
+        return f"{path} is a file, not an MLflow file store folder{hint}"
+    if not any(path.glob("*/meta.yaml")):
+        return f"{path} is not an MLflow file store (no experiment folders with a meta.yaml)"
+    return None
 
 
 def quiet_mlflow_logs() -> None:

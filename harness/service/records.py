@@ -84,7 +84,7 @@ def _leaderboard_from_mlflow(req: LeaderboardRequest, log: Log) -> Path:
     experiment = req.experiment or req.protocol
     if not experiment:
         raise SweepError("--from-mlflow: name the MLflow experiment with --experiment NAME")
-    found = records_from_mlflow(req.from_mlflow, experiment)
+    found = records_from_mlflow(req.from_mlflow, experiment, log=log)
     if not found:
         raise SweepError(f"--from-mlflow: experiment {experiment!r} at {req.from_mlflow} "
                          "holds no cl-bench records")
