@@ -284,5 +284,5 @@ def test_build_leaderboard_passes_the_flag_to_the_site(monkeypatch, tmp_path):
     monkeypatch.setattr(store, "load_records", lambda *a, **k: ["record"])
     monkeypatch.setattr(views, "view_records", lambda recs, *a, **k: recs)
     monkeypatch.setattr(site, "build_site", lambda recs, out, **kw: seen.update(kw) or out / "index.html")
-    service.build_leaderboard(tmp_path, "p", out=str(tmp_path), include_flagged=True)
+    service.build_leaderboard(tmp_path / "results", "p", out=str(tmp_path / "site"), include_flagged=True)
     assert seen["include_flagged"] is True

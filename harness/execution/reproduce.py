@@ -30,12 +30,31 @@ METRIC_TOLERANCE = 1e-6
 _RUN_ID = re.compile(r"^[0-9a-f]{12}$")
 
 
-def reproduce_command(run_id: str, results: str | None = None) -> str:
-    """The shell-quoted command that reruns one record in a temporary folder and compares it."""
+def reproduce_command(run_id: str, results: str | None = None, record: RunRecord | None = None) -> str:
+    """The shell-quoted command that reruns one record in a temporary folder and compares it; for a
+    record made with method or plug-in files, `--method`/`--plugin` name each file by its base name
+    (the user points them at their copy: a path written in a record is never a path to run)."""
     cmd = ["cl-bench", "reproduce", run_id]
     if results:
         cmd += ["--results", str(results)]
-    return shlex.join(cmd)
+    return shlex.join(cmd + list(_code_flags(record)))
+
+
+def _code_flags(record: RunRecord | None):
+    """(`--method`, NAME.py) and (`--plugin`, NAME.py) for each file implementation the record needs."""
+    if record is None:
+        return
+    spec = record.spec
+    if _digest(spec.method_version):
+        yield from ("--method", _file_name(_written(record.provenance, "method", "source")))
+    for key, version in spec.plugins.items():
+        if _digest(version):
+            yield from ("--plugin", _file_name(_written(record.provenance, "plugins", key, "source")))
+
+
+def _file_name(source) -> str:
+    name = Path(source).name if isinstance(source, str) else ""
+    return name if re.fullmatch(r"[\w.-]{1,80}\.py", name) else "FILE.py"
 
 
 @dataclass(frozen=True)

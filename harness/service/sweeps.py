@@ -185,11 +185,17 @@ def _sweep_and_report(req: SweepRequest, protocol, plan, options, log: Log, of: 
 
 def _rerun_hint(result, results, log: Log) -> None:
     """For a sweep with failures: how to retry them, and how to rerun one alone."""
-    from ..execution.reproduce import reproduce_command
+    from ..config.errors import UserError
+    from ..execution.reproduce import find_record, reproduce_command
 
     if result.failed_ids:
+        run_id = result.failed_ids[0]
+        try:
+            record = find_record(run_id, results)[0]
+        except UserError:  # the hint then names no --method/--plugin files
+            record = None
         log(f"{len(result.failed_ids)} runs did not finish ok: the same command with --retry-failed reruns "
-            f"them; one alone, compared with its record: {reproduce_command(result.failed_ids[0], str(results))}")
+            f"them; one alone, compared with its record: {reproduce_command(run_id, str(results), record)}")
 
 
 def _run_tracked(plan, protocol, req: SweepRequest, options, log: Log):

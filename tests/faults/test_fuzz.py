@@ -70,7 +70,7 @@ def mutated_protocols(draw):
                 parent[draw(st.text(min_size=1, max_size=8))] = draw(GARBAGE)
             else:
                 parent.append(draw(GARBAGE))
-        except (KeyError, IndexError, TypeError):  # an earlier edit removed the path: fine
+        except (KeyError, IndexError, TypeError, AttributeError):  # an earlier edit removed or replaced the path
             pass
     return doc
 

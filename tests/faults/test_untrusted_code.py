@@ -166,6 +166,10 @@ def test_a_named_file_with_the_records_hash_is_the_code_that_reruns(tmp_path, cl
     (path,) = (results / "tiny" / "runs").glob("*.json")
     code, out, err = cli("reproduce", path.stem, "--results", results, "--method", method)
     assert code == 0 and "reproduced: bitwise equal" in out, err
+    # The command a run page shows names the file by its base name, for the user to point at their copy.
+    assert cli("leaderboard", "--results", results)[0] == 0
+    shown = next(results.glob(f"tiny/site/runs/{path.stem}*.html")).read_text()
+    assert f"reproduce {path.stem} --results {results} --method mine.py" in shown
 
 
 # --- one loader for every file: what is not a regular .py file is refused before it is opened

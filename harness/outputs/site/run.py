@@ -20,7 +20,7 @@ def page(w: SiteWriter, rec: RunRecord) -> Path:
     rid = rec.run_id
     norms = rec.update_norms or {}
     ctx = {"title": f"run {rid}", "rec": rec, "spec": rec.spec.to_dict(),
-           "cmd": reproduce_command(rid, w.base["results_dir"]),
+           "cmd": reproduce_command(rid, w.base["results_dir"], rec),
            "method": rec.method, "dataset": rec.dataset,
            "matrices": _matrices(rec), "metric_rows": _metric_rows(rec),
            "norm_rows": _norm_rows(norms), "shared": series(norms.get("shared")) or [],
