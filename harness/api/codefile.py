@@ -1,8 +1,8 @@
 """Reading a method or plug-in file's bytes: what is refused before it is opened (torch-free).
 
 `registry.load_module_file`, the one place a file's code runs, executes exactly the bytes
-`code_bytes` returns; `code_sha256` lets a caller check a file against a recorded hash (or key a
-cache) without importing it.
+`code_bytes` returns and identifies them by `code_sha256` (checked against what the caller expects
+before they run); `code_sha256` of the same bytes keys a cache without importing them.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from ..config.errors import RegistryError
 
 MAX_CODE_BYTES = 16 << 20  # a method or plug-in file; anything larger is not one
+IMPLEMENTATION_DIGITS = 16  # of the sha256 in a file's implementation, `sha256:<16 hex>[+v<declared>]`
 
 
 def code_bytes(path: str | Path) -> bytes:
@@ -38,9 +39,9 @@ def code_bytes(path: str | Path) -> bytes:
         raise RegistryError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
-def code_sha256(path: str | Path) -> str:
-    """Hex sha256 of a method or plug-in file, read as `load_module_file` reads it (nothing is imported)."""
-    return hashlib.sha256(code_bytes(path)).hexdigest()
+def code_sha256(code: bytes) -> str:
+    """Hex sha256 of a method or plug-in file's bytes (`code_bytes`): the one hash of code cl-bench computes."""
+    return hashlib.sha256(code).hexdigest()
 
 
 def _refuse_irregular(path: Path, info: os.stat_result) -> None:

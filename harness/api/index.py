@@ -94,16 +94,18 @@ def _remember(key: str, metas: list[dict]) -> None:
 
 
 def _file_metas(path: Path, fingerprint: str) -> list[dict]:
-    from .codefile import code_sha256
+    from .codefile import code_bytes, code_sha256
 
-    # code_sha256 refuses what load_module_file refuses (no .py, a FIFO, a folder) without opening it
-    key = f"file:{code_sha256(path)}:{fingerprint}:{path}"
+    # code_bytes refuses what load_module_file refuses (no .py, a FIFO, a folder) without opening it
+    digest = code_sha256(code_bytes(path))
+    key = f"file:{digest}:{fingerprint}:{path}"
     cached = _user_cache().get(key)
     if cached is not None:
         return cached
     from .registry import adapters_from_module, load_module_file
 
-    metas = [_meta(a) for a in adapters_from_module(load_module_file(path), str(path))]
+    # expect: the code imported is the code the metadata is kept under
+    metas = [_meta(a) for a in adapters_from_module(load_module_file(path, expect=digest), str(path))]
     _remember(key, metas)
     return metas
 

@@ -5,28 +5,60 @@ A file (`--method`, `--plugin`, a protocol's `plugins:`, `submissions/*.py`) may
 families; harness/api/plugins.py) or both. Methods are returned as the registry; plug-ins are
 registered for the whole process (the vocabulary learns their names), so every later lookup by
 name (protocol, engine, worker) finds them.
+
+What a command may import beside built-ins and entry points is its `CodeScope`: by default the
+named files and the submissions folder (`run`, `list`, `check`, `submit`); `reproduce` names its
+files alone, each of which must hash to code the record was made with (`code_scope`).
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import importlib.util
 import inspect
 import json
 import pkgutil
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 from ..config.errors import RegistryError
-from ..config.files import file_sha256
 from ..config.paths import submission_files, submissions_dir
 from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, PLUGIN_GROUPS, Family
 from . import plugins
-from .codefile import code_bytes
+from .codefile import IMPLEMENTATION_DIGITS, code_bytes, code_sha256
 from .contract import MethodAdapter, Range
 
 METHODS_PACKAGE = "harness.methods"  # one module per built-in method family, nothing else
+CODE_DIGEST = "__cl_bench_sha256__"  # a loaded file module's sha256: of the bytes that ran, set after they ran
+
+
+@dataclasses.dataclass(frozen=True)
+class CodeScope:
+    """What files a registry imports beside built-ins and entry points: the named ones, the submissions
+    folder's too when `submissions`; with `expect` (implementation digests), only a file that hashes to
+    one of them, refused before it runs with `expected` saying what the code had to be."""
+
+    submissions: bool = True
+    expect: frozenset | None = None
+    expected: str = ""
+
+
+DEFAULT_SCOPE = CodeScope()  # named files and the submissions folder, as they are
+_SCOPE: ContextVar[CodeScope] = ContextVar("cl_bench_code_scope", default=DEFAULT_SCOPE)
+
+
+@contextmanager
+def code_scope(scope: CodeScope) -> Iterator[CodeScope]:
+    """Within the block (a command's whole run, engine included), every registry is built under `scope`."""
+    token = _SCOPE.set(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPE.reset(token)
+
 
 def adapters_from_module(module, source: str) -> list[MethodAdapter]:
     """The adapters a module defines (`ADAPTERS`, or the `NAME`/`DEFAULTS`/`build` form)."""
@@ -148,18 +180,22 @@ def _check_signature(build, defaults: dict, name: str, source: str) -> None:
                             "as a keyword") from None
 
 
-def load_module_file(path: str | Path):
+def load_module_file(path: str | Path, expect=None, expected: str = ""):
     """Import a Python file as a private module: the ONE place cl-bench runs code from a file.
 
     Callers pass only paths the user named (a `--method`/`--plugin` flag, `check`/`submit`'s FILE,
     a protocol's `plugins:`, the submissions folder), never a path read from a record or a results
-    folder. The bytes checked by `code_bytes` are the bytes that run (no second read, no .pyc
-    written next to the file); import errors name the file.
+    folder. The bytes read once by `code_bytes` are the bytes hashed, checked against `expect` (a
+    sha256, or several; a prefix of at least IMPLEMENTATION_DIGITS hex digits counts) and run (no
+    second read, no .pyc written next to the file); their sha256 is kept on the module (CODE_DIGEST)
+    as its identity. Import errors name the file.
     """
     path = Path(path)
     source = code_bytes(path)
-    digest = hashlib.sha256(source).hexdigest()[:12]
-    mod_name = f"cl_bench_submission_{path.stem.replace('-', '_')}_{digest}"
+    digest = code_sha256(source)
+    if expect is not None:
+        _check_expected(path, digest, (expect,) if isinstance(expect, str) else tuple(expect), expected)
+    mod_name = f"cl_bench_submission_{path.stem.replace('-', '_')}_{digest[:12]}"
     if mod_name in sys.modules:
         return sys.modules[mod_name]
     spec = importlib.util.spec_from_file_location(mod_name, path)
@@ -170,8 +206,18 @@ def load_module_file(path: str | Path):
         raise RegistryError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
     except Exception as exc:  # the module's own import-time failure
         raise RegistryError(f"{path}: import failed: {type(exc).__name__}: {exc}") from None
+    setattr(module, CODE_DIGEST, digest)  # after the module's own code: it cannot choose its identity
     sys.modules[mod_name] = module
     return module
+
+
+def _check_expected(path: Path, digest: str, expect: tuple, expected: str) -> None:
+    """Refuse (before anything runs) bytes whose sha256 is none of `expect`."""
+    if any(isinstance(e, str) and len(e) >= IMPLEMENTATION_DIGITS and digest.startswith(e) for e in expect):
+        return
+    shown = digest[:IMPLEMENTATION_DIGITS]
+    wanted = expected or "the expected code (" + ", ".join(f"sha256:{e}" for e in expect) + ")"
+    raise RegistryError(f"{path}: its content (sha256:{shown}) is not {wanted}")
 
 
 def builtin_modules():
@@ -207,18 +253,23 @@ def _plugin_entry_points() -> list:
     return out
 
 
-def discover(extra_files=(), include_submissions: bool = True, include_entry_points: bool = True) -> Registry:
-    """Build the registry and register the plug-ins; a name defined twice fails loudly with both sources."""
+def discover(extra_files=(), include_submissions: bool = True, include_entry_points: bool = True,
+             scope: CodeScope | None = None) -> Registry:
+    """Build the registry and register the plug-ins; a name defined twice fails loudly with both sources.
+
+    `scope` (default: the current `code_scope`) says whether the submissions folder is read (and
+    `include_submissions` too) and what a file must hash to."""
+    scope = _SCOPE.get() if scope is None else scope
     # A file reached twice (submissions/ and --method, or an installed entry point's own file)
     # counts once.
     seen: set = set()
     sources = [(m, s, "builtin") for m, s in _remember(list(builtin_modules()), seen)]
-    if include_submissions:
-        sources += [(m, s, "file") for m, s in _file_modules(submission_files(), seen)]
+    if include_submissions and scope.submissions:
+        sources += [(m, s, "file") for m, s in _file_modules(submission_files(), seen, scope)]
     if include_entry_points:
         sources += [(m, s, "entry point") for m, s in _remember(list(_entry_point_modules()), seen)]
         sources += [(m, s, "plug-in entry point") for m, s in _remember(_plugin_entry_points(), seen)]
-    sources += [(m, s, "file") for m, s in _file_modules(extra_files, seen)]
+    sources += [(m, s, "file") for m, s in _file_modules(extra_files, seen, scope)]
     registry = Registry(files=tuple(map(str, extra_files)))
     origin: dict[str, str] = {}
     for module, source, kind in sources:
@@ -269,21 +320,34 @@ def identified(adapter: MethodAdapter, module, source: str, kind: str) -> Method
 def implementation(module, source: str, kind: str, version: str = "1", function=None) -> str:
     """The identity of a method's or plug-in's code that enters every run id using it.
 
-    Built-ins declare a version; a file is identified by its content, an entry point by the
-    content of the file that defines it, so edited code never reuses old records.
+    Built-ins declare a version; a file is identified by the content that ran (the digest
+    `load_module_file` kept), an entry point by the content of the file that defines it, so edited
+    code never reuses old records.
     """
     if kind == "builtin":
         return f"v{version}"
     if kind == "file":
-        path = Path(source)
+        digest = getattr(module, CODE_DIGEST, None)
+        if not isinstance(digest, str):
+            raise RegistryError(f"{source}: not loaded by load_module_file; its code has no identity")
     else:
-        path = getattr(module, "__file__", None) or (inspect.getsourcefile(function) if function else None)
-    digest = file_sha256(path)[:16] if path and Path(path).is_file() else None
+        digest = _entry_point_digest(module, function)
     if digest is None:  # no source to hash: the declared version is all there is
         return f"v{version}"
     # a declared version still counts: it covers helper modules the hashed file imports
     declared = "" if version == "1" else f"+v{version}"
-    return f"sha256:{digest}{declared}"
+    return f"sha256:{digest[:IMPLEMENTATION_DIGITS]}{declared}"
+
+
+def _entry_point_digest(module, function) -> str | None:
+    """sha256 of the file defining an installed entry point (Python imported it); None without one."""
+    path = getattr(module, "__file__", None) or (inspect.getsourcefile(function) if function else None)
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        return code_sha256(Path(path).read_bytes())
+    except OSError:
+        return None
 
 
 def _remember(sources: list, seen: set) -> list:
@@ -293,12 +357,12 @@ def _remember(sources: list, seen: set) -> list:
     return sources
 
 
-def _file_modules(paths, seen: set) -> list:
+def _file_modules(paths, seen: set, scope: CodeScope) -> list:
     out = []
     for path in map(Path, paths):
         if path.resolve() not in seen:
             seen.add(path.resolve())
-            out.append((load_module_file(path), str(path)))
+            out.append((load_module_file(path, scope.expect, scope.expected), str(path)))
     return out
 
 
@@ -306,13 +370,16 @@ _CACHE: dict = {}
 
 
 def get_registry(extra_files=()) -> Registry:
-    """The registry for this process (cached per set of extra files); their plug-ins are registered."""
+    """The registry for this process (cached per set of extra files and `code_scope`); their plug-ins are
+    registered."""
     # File contents are part of the key: an edited method file is re-read, not served stale.
-    files = [*submission_files(), *map(Path, extra_files)]
-    key = (tuple(str(p) for p in extra_files), str(submissions_dir().resolve()),
+    scope = _SCOPE.get()
+    folder = submission_files() if scope.submissions else []
+    files = [*folder, *map(Path, extra_files)]
+    key = (tuple(str(p) for p in extra_files), scope, str(submissions_dir().resolve()),
            tuple(_stamp(p) for p in files))
     if key not in _CACHE:
-        _CACHE[key] = discover(extra_files)
+        _CACHE[key] = discover(extra_files, scope=scope)
     return _CACHE[key]
 
 

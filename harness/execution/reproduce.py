@@ -5,9 +5,11 @@ included, so the engine refuses a changed method file or changed data — runs i
 temporary folder, and compares the new record with the stored one.
 
 A record is data from whoever made the results folder: its code comes only from what the user
-names (`--method FILE`, `--plugin FILE`), an installed entry point or a built-in, and a named
-file must hash to the implementation the record states (which its run id covers) before it is
-imported. The paths a record writes in its provenance are shown as hints, never imported.
+names (`--method FILE`, `--plugin FILE`), an installed entry point or a built-in — not the
+submissions folder of the current directory, which the user did not name for this record — and a
+named file must hash to an implementation the record states (which its run id covers): the loader
+checks the very bytes it is about to run (registry.code_scope). The paths a record writes in its
+provenance are shown as hints, never imported.
 """
 from __future__ import annotations
 
@@ -32,8 +34,10 @@ _RUN_ID = re.compile(r"^[0-9a-f]{12}$")
 
 def reproduce_command(run_id: str, results: str | None = None, record: RunRecord | None = None) -> str:
     """The shell-quoted command that reruns one record in a temporary folder and compares it; for a
-    record made with method or plug-in files, `--method`/`--plugin` name each file by its base name
-    (the user points them at their copy: a path written in a record is never a path to run)."""
+    record made with method or plug-in files, `--method`/`--plugin` name each file as the user would
+    pass it: its base name, `submissions/NAME.py` for the submissions folder's (the user points them
+    at their copy: a path written in a record is never a path to run). Built-ins and entry points
+    need no flag."""
     cmd = ["cl-bench", "reproduce", run_id]
     if results:
         cmd += ["--results", str(results)]
@@ -41,20 +45,37 @@ def reproduce_command(run_id: str, results: str | None = None, record: RunRecord
 
 
 def _code_flags(record: RunRecord | None):
-    """(`--method`, NAME.py) and (`--plugin`, NAME.py) for each file implementation the record needs."""
+    """(`--method`, FILE) and (`--plugin`, FILE) for each file implementation the record needs, each file once."""
     if record is None:
         return
     spec = record.spec
-    if _digest(spec.method_version):
-        yield from ("--method", _file_name(_written(record.provenance, "method", "source")))
-    for key, version in spec.plugins.items():
-        if _digest(version):
-            yield from ("--plugin", _file_name(_written(record.provenance, "plugins", key, "source")))
+    needed = [("--method", spec.method_version, _written(record.provenance, "method", "source"))]
+    needed += [("--plugin", version, _written(record.provenance, "plugins", key, "source"))
+               for key, version in spec.plugins.items()]
+    given = set()
+    for flag, version, source in needed:
+        digest = _digest(version)
+        if digest and _is_file_source(source) and digest not in given:  # one file may hold method and plug-ins
+            given.add(digest)
+            yield from (flag, _file_name(source))
+
+
+def _is_file_source(source) -> bool:
+    """Whether a record's source names a file (a path) rather than a built-in or an installed entry point."""
+    return not (isinstance(source, str) and (source == "built-in" or source.startswith(ENTRY_POINT_SOURCE)))
+
+
+ENTRY_POINT_SOURCE = "entry point "  # how the registry writes an entry point's source
+SUBMISSIONS_FOLDER = "submissions"  # the default submissions folder, relative to where cl-bench runs
 
 
 def _file_name(source) -> str:
-    name = Path(source).name if isinstance(source, str) else ""
-    return name if re.fullmatch(r"[\w.-]{1,80}\.py", name) else "FILE.py"
+    """The file as the user passes it: its base name, under `submissions/` for a submissions-folder file."""
+    path = Path(source) if isinstance(source, str) else Path()
+    name = path.name
+    if not re.fullmatch(r"[\w.-]{1,80}\.py", name):
+        return "FILE.py"
+    return f"{SUBMISSIONS_FOLDER}/{name}" if path.parent.name == SUBMISSIONS_FOLDER else name
 
 
 @dataclass(frozen=True)
@@ -93,16 +114,16 @@ def find_record(run_id: str, results) -> tuple[RunRecord, Path]:
 
 
 def code_files(record: RunRecord, method_files=(), plugin_files=()) -> tuple[str, ...]:
-    """The method and plug-in files the rerun registers: only those the user named, each checked against
-    the record's source hashes before it is imported. A record is data: the paths it names are shown as
-    a hint, never imported."""
+    """The method and plug-in files the rerun registers: only those the user named (no submissions
+    folder), each refused unless the bytes about to run hash to code the record was made with. A record
+    is data: the paths it names are shown as a hint, never imported."""
     from ..api.plugins import implementations
-    from ..api.registry import get_registry
+    from ..api.registry import code_scope, get_registry
 
     spec = record.spec
     files = tuple(dict.fromkeys(map(str, (*method_files, *plugin_files))))
-    _verify_before_import(record, files)
-    adapter = get_registry(files).get(spec.method)
+    with code_scope(rerun_scope(record)):
+        adapter = get_registry(files).get(spec.method)
     if adapter is None or adapter.implementation != spec.method_version:
         raise SweepError(_method_missing(record, adapter))
     found = implementations(spec.dataset.model, spec.dataset.name, spec.regime)
@@ -119,21 +140,16 @@ def needed_code(record: RunRecord) -> dict[str, str]:
             **{f"plug-in {key}": version for key, version in spec.plugins.items()}}
 
 
-def _verify_before_import(record: RunRecord, files: tuple[str, ...]) -> None:
-    """Refuse a named file whose content is none of the record's file implementations, before it is imported."""
-    from ..api.codefile import code_sha256
+def rerun_scope(record: RunRecord):
+    """The code a rerun of `record` may import beside built-ins and entry points: named files only, each
+    of whose bytes must hash to one of the record's file implementations (checked by the loader)."""
+    from ..api.registry import CodeScope
 
     needed = needed_code(record)
-    digests = {_digest(version) for version in needed.values()} - {None}
-    for path in files:
-        digest = code_sha256(path)[:DIGEST_LENGTH]
-        if digest not in digests:
-            made = "; ".join(f"{what} {version or '(none)'}" for what, version in needed.items())
-            raise SweepError(f"{path}: its content (sha256:{digest}) is not code record {record.run_id} was made "
-                             f"with ({made}); pass only the --method/--plugin files it was made with")
-
-
-DIGEST_LENGTH = 16  # of the sha256 in a file's implementation, `sha256:<16 hex>[+v<declared>]`
+    made = "; ".join(f"{what} {version or '(none)'}" for what, version in needed.items())
+    return CodeScope(submissions=False, expect=frozenset(filter(None, map(_digest, needed.values()))),
+                     expected=f"code record {record.run_id} was made with ({made}); pass only the "
+                              "--method/--plugin files it was made with")
 
 
 def _digest(implementation) -> str | None:
@@ -187,10 +203,17 @@ def reproduce(run_id: str, results="results", data_dir: str | None = None, devic
               out: str | None = None, method_files=(), plugin_files=()) -> Reproduction:
     """Rerun record `run_id` (inline, one torch thread, as workers run) with the method and plug-in files
     the user names (verified against the record), and compare."""
+    from ..api.registry import code_scope
+
+    record, path = find_record(run_id, results)
+    with code_scope(rerun_scope(record)):  # the engine's registry too: named files only, checked as they load
+        return _rerun(record, path, data_dir, device, out, method_files, plugin_files)
+
+
+def _rerun(record: RunRecord, path: Path, data_dir, device, out, method_files, plugin_files) -> Reproduction:
     from ..run.engine import resolve_device, run_one
     from .executors.base import init_worker
 
-    record, path = find_record(run_id, results)
     files = code_files(record, method_files, plugin_files)
     device = device or (record.provenance or {}).get("device") or "auto"
     try:

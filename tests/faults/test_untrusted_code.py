@@ -172,6 +172,147 @@ def test_a_named_file_with_the_records_hash_is_the_code_that_reruns(tmp_path, cl
     assert f"reproduce {path.stem} --results {results} --method mine.py" in shown
 
 
+
+# --- reproduce imports no submissions folder: the user named none for the record
+
+def _plugin_payload(folder: Path, marker: Path, name: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.py"
+    path.write_text(textwrap.dedent(f"""\
+        from pathlib import Path
+        Path({str(marker)!r}).write_text("imported")
+        from harness.api.plugins import RegimeFamily
+        PLUGINS = (RegimeFamily({name!r}, lambda module, name, argument: True, description="a payload"),)
+        """))
+    return path
+
+
+@pytest.mark.parametrize("what", ["method the record needs", "plug-in the record needs", "unrelated method"])
+def test_reproduce_never_imports_the_submissions_folder(tmp_path, cli, monkeypatch, what):
+    subs, marker, results = tmp_path / "subs", tmp_path / "MARKER", tmp_path / "results"
+    monkeypatch.setenv("CL_BENCH_SUBMISSIONS", str(subs))
+    if what == "plug-in the record needs":
+        payload = _plugin_payload(subs, marker, "evilfam")
+        run_id = _forge(results, plugins={"regime:evilfam": _implementation(payload)},
+                        plugin_sources={"regime:evilfam": str(payload)})
+    else:
+        payload = _payload(subs, marker, name="evil" if what != "unrelated method" else "other")
+        version = _implementation(payload) if what != "unrelated method" else "sha256:" + "3" * 16
+        run_id = _forge(results, method="evil", version=version, source=str(payload))
+    code, _, err = cli("reproduce", run_id, "--results", results)
+    assert code == 2 and "FILE" in err and len(err.strip().splitlines()) == 1, err
+    assert not marker.exists(), "the submissions folder was imported"
+
+
+def test_a_submissions_method_reproduces_with_the_file_its_page_names(tmp_path, cli):
+    proto = tiny_protocol(tmp_path, methods=("l2-anchor",), regimes=("head",))
+    results = tmp_path / "results"
+    assert cli("run", "--protocol", proto, "--results", results, "--no-progress", "--no-mlflow")[0] == 0
+    (path,) = (results / "tiny" / "runs").glob("*.json")
+    code, _, err = cli("reproduce", path.stem, "--results", results)  # the folder is not imported unasked
+    assert code == 2 and "pass --method FILE" in err, err
+    shown = next(results.glob(f"tiny/site/runs/{path.stem}*.html")).read_text()
+    assert f"reproduce {path.stem} --results {results} --method submissions/l2_anchor.py" in shown
+    code, out, err = cli("reproduce", path.stem, "--results", results, "--method", "submissions/l2_anchor.py")
+    assert code == 0 and "reproduced: bitwise equal" in out, err
+
+
+# --- the bytes checked are the bytes that run, identified by the digest of that one read
+
+GOOD = "PLUGINS = ()  # no method, no plug-in: good\n"
+EVIL = "from pathlib import Path\nPath({marker!r}).write_text('imported')\nVALUE = 'evil'\n"
+
+
+def _swapping_reads(monkeypatch, path: Path, marker: Path) -> list:
+    """Every reader of code sees the good bytes first and the evil ones from the second read on (a file
+    swapped between a check and the run); returns the list of reads."""
+    import harness.api.codefile as codefile
+    import harness.api.registry as registry
+
+    real, reads = codefile.code_bytes, []
+
+    def reading(p):
+        if Path(p) != path:
+            return real(p)
+        reads.append(p)
+        return (GOOD if len(reads) == 1 else EVIL.format(marker=str(marker))).encode()
+
+    monkeypatch.setattr(codefile, "code_bytes", reading)
+    monkeypatch.setattr(registry, "code_bytes", reading)
+    return reads
+
+
+@pytest.mark.parametrize("flag", ["--method", "--plugin"])
+@pytest.mark.parametrize("name", ["swapped", "swapped_too"])
+def test_reproduce_checks_the_bytes_it_runs(tmp_path, monkeypatch, flag, name):
+    from harness.config.errors import UserError
+    from harness.execution.reproduce import code_files
+
+    path, marker = tmp_path / f"{name}.py", tmp_path / "MARKER"
+    path.write_text(GOOD)
+    version = "sha256:" + hashlib.sha256(GOOD.encode()).hexdigest()[:16]
+    record = failed_record(make_spec(method="evil", method_version=version), "forged",
+                           provenance={"method": {"implementation": version, "source": str(path)}})
+    reads = _swapping_reads(monkeypatch, path, marker)
+    with pytest.raises(UserError, match="pass --method FILE"):  # the good file defines no method 'evil'
+        code_files(record, **({"method_files": [path]} if flag == "--method" else {"plugin_files": [path]}))
+    assert len(reads) == 1 and not marker.exists(), "checked one read, ran another"
+
+
+@pytest.mark.parametrize("expect", ["0" * 16, "0" * 64, ("1" * 16, "2" * 64), "", ("",), ("abc",)])
+def test_the_loader_refuses_unexpected_bytes_before_they_run(tmp_path, expect):
+    from harness.api.registry import RegistryError, load_module_file
+
+    marker = tmp_path / "MARKER"
+    path = tmp_path / "unexpected.py"
+    path.write_text(EVIL.format(marker=str(marker)))
+    with pytest.raises(RegistryError, match="is not the expected code"):
+        load_module_file(path, expect=expect)
+    assert not marker.exists()
+
+
+def test_a_files_identity_is_the_digest_of_the_bytes_that_ran(tmp_path):
+    from harness.api.registry import CODE_DIGEST, implementation, load_module_file
+
+    for i, version in enumerate(("1", "2")):
+        path = tmp_path / f"ident{i}.py"
+        path.write_text(f"VALUE = {i}\n")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        module = load_module_file(path, expect=digest[:16])
+        assert getattr(module, CODE_DIGEST) == digest
+        path.write_text(f"VALUE = {i} + 100  # edited after it ran\n")
+        expected = f"sha256:{digest[:16]}" + ("" if version == "1" else f"+v{version}")
+        assert implementation(module, str(path), "file", version) == expected
+
+
+# --- the command a run page shows: a flag for a file implementation only, named as the user passes it
+
+@pytest.mark.parametrize("kind, method_source, plugin_source, flags", [
+    ("built-in", "built-in", None, ""),
+    ("entry point", "entry point mine (mine_pkg.adapter:ADAPTER)", None, ""),
+    ("entry-point plug-in", "built-in", "entry point fam (fam_pkg:PLUGIN)", ""),
+    ("submissions folder", "/home/u/project/submissions/mas_wrapped.py", None,
+     " --method submissions/mas_wrapped.py"),
+    ("named file", "/home/u/code/mine.py", None, " --method mine.py"),
+    ("relative named file", "code/mine.py", None, " --method mine.py"),
+    ("named plug-in", "built-in", "/tmp/x/fam.py", " --plugin fam.py"),
+    ("one file for both", "/tmp/x/both.py", "/tmp/x/both.py", " --method both.py"),
+    ("unnamed file", "/tmp/x/$(touch PWN).py", None, " --method FILE.py"),
+])
+def test_the_reproduce_command_flags_file_implementations_only(kind, method_source, plugin_source, flags):
+    from harness.execution.reproduce import reproduce_command
+
+    digest = "sha256:" + "a" * 16
+    method_version = "v1" if method_source == "built-in" else digest
+    plugins, provenance = {}, {"method": {"implementation": method_version, "source": method_source}}
+    if plugin_source:
+        plugins = {"regime:fam": digest if plugin_source == method_source else "sha256:" + "b" * 16}
+        provenance["plugins"] = {"regime:fam": {"source": plugin_source, "implementation": plugins["regime:fam"]}}
+    record = failed_record(make_spec(method="m", method_version=method_version, plugins=plugins), "x",
+                           provenance=provenance)
+    assert reproduce_command("0123456789ab", "res", record) == f"cl-bench reproduce 0123456789ab --results res{flags}"
+
+
 # --- one loader for every file: what is not a regular .py file is refused before it is opened
 
 def _bad_files(tmp_path: Path) -> dict[str, Path]:
