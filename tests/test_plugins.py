@@ -385,3 +385,40 @@ def test_a_plugin_record_reproduces_bitwise(tmp_path, cli):
     registry._CACHE.clear()
     code, out, _ = cli("reproduce", run_id, "--results", results, "--plugin", str(EXAMPLES / "kernels.py"))
     assert code == 0 and "reproduced: bitwise equal" in out
+
+
+ABSENT = '''
+{imports}
+from harness.api.plugins import DataSource
+
+def load(data_dir, download):
+    raise {raised}(f"dataset 'absent-data': no files under {{data_dir}}/absent; allowed: put them there")
+
+PLUGINS = (DataSource("absent-data", load, n_classes=4, default_model="mlp"),)
+'''
+
+
+@pytest.mark.parametrize("imports, raised", [("from harness.api import DatasetMissing", "DatasetMissing"),
+                                             ("import harness.api as api", "api.DatasetMissing"),
+                                             ("from harness import api", "api.DatasetMissing")])
+def test_a_plugin_data_set_that_is_not_there_is_planned_without_in_a_dry_run(tmp_path, cli, imports, raised):
+    (tmp_path / "absent.py").write_text(ABSENT.format(imports=imports, raised=raised))
+    proto = protocol(tmp_path, "plugins: [absent.py]\ndatasets: [{name: absent-data, n_tasks: 2, classes_per_task: 2}]\n"
+                               "regimes: [head]\n")
+    results = tmp_path / "results"
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--dry-run", "--data-dir", tmp_path)
+    assert code == 0, err
+    assert "not planned: 1 runs of absent-data, whose files are not there" in out, out
+    code, _, err = cli("run", "--protocol", proto, "--results", results, "--no-progress", "--no-mlflow",
+                       "--data-dir", tmp_path)
+    assert code == 2 and err.strip().endswith("allowed: put them there") and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("raised", ["FileNotFoundError", "ValueError", "RuntimeError"])
+def test_a_plugin_data_set_that_fails_otherwise_is_one_line_even_in_a_dry_run(tmp_path, cli, raised):
+    (tmp_path / "broken.py").write_text(ABSENT.format(imports="", raised=raised))
+    proto = protocol(tmp_path, "plugins: [broken.py]\ndatasets: [{name: absent-data, n_tasks: 2, classes_per_task: 2}]\n"
+                               "regimes: [head]\n")
+    code, _, err = cli("run", "--protocol", proto, "--results", tmp_path / "results", "--dry-run")
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"broken.py: dataset 'absent-data': load failed: {raised}: dataset 'absent-data': no files" in err, err

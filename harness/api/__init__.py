@@ -4,5 +4,10 @@
 - `registry` / `index`: how methods and plug-in files are found (built-ins, files, entry points)
   and how methods are listed;
 - `plugins`: the typed declarations of backbones, data sets and regime families, and their table;
-- `subspace`: effective weights of the shared blocks under every regime family.
+- `subspace`: effective weights of the shared blocks under every regime family;
+- `DatasetMissing`: what a data-set plug-in's `load` raises when its files are not there (a
+  `--dry-run` plans without that data set; any other error is one, even in a dry run).
 """
+from ..config.errors import DatasetMissing
+
+__all__ = ["DatasetMissing"]

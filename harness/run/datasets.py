@@ -464,7 +464,12 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = False)
         found = lookup("dataset", name)
     except PluginError:
         raise DatasetError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}, npz:PATH") from None
-    loaded = found.plugin.load(paths.data_dir(data_dir), download)
+    try:
+        loaded = found.plugin.load(paths.data_dir(data_dir), download)
+    except DatasetError:  # DatasetMissing (files not there: a dry run plans without) or the loader's own line
+        raise
+    except Exception as exc:  # a plug-in's own failure: one line naming it, not a traceback
+        raise DatasetError(f"{found.source}: dataset {name!r}: load failed: {type(exc).__name__}: {exc}") from None
     if isinstance(loaded, TensorData):  # a built-in's own tensors
         return loaded
     return _plugin_data(found, loaded)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.api import DatasetMissing
 from harness.api.plugins import DataSource
 
 FOLDER = "shapes-png"
@@ -25,7 +26,9 @@ def read_split(root: Path):
                 images.append(np.asarray(image.convert("L"), dtype=np.float32) / 255.0)
             labels.append(label)
     if not images:
-        raise FileNotFoundError(f"no PNG images under {root}/<class>/ for classes {', '.join(CLASSES)}")
+        # not there: a dry run plans without this data set (any other error stops it)
+        raise DatasetMissing(f"dataset {FOLDER!r}: no PNG images under {root}/<class>/ for classes "
+                             f"{', '.join(CLASSES)}; put them there (--data-dir, $CL_BENCH_DATA)")
     return np.stack(images)[:, None], np.asarray(labels, dtype=np.int64)
 
 
