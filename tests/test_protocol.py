@@ -201,3 +201,28 @@ def test_one_validator_serves_the_protocol_and_its_pretrain_value():
     assert protocol.DATASET_ENTRY_KEYS == ("name", "n_tasks", "classes_per_task", "model")
     assert pretrain.RECIPE_KEYS == ("dataset", "holdout", "epochs", "lr", "batch_size", "seed")
     assert isinstance(protocol._ProtocolValidator("p.yaml", ProtocolError), validate.Validator)
+
+
+@pytest.mark.parametrize("name", ["smoke", "depth-sweep-mini"])
+@pytest.mark.parametrize("edit", [("seeds: [0]", "seeds: [1]"), ("lr: 0.05", "lr: 0.01")])
+def test_an_override_in_protocols_must_carry_a_new_version(tmp_path, monkeypatch, name, edit):
+    from harness.config.paths import protocols_dir
+
+    monkeypatch.chdir(tmp_path)
+    shipped = protocols_dir() / f"{name}.yaml"
+    text = shipped.read_text()
+    if edit[0] not in text:
+        pytest.skip(f"{name} has no {edit[0]!r}")
+    (tmp_path / "protocols").mkdir()
+    override = tmp_path / "protocols" / f"{name}.yaml"
+    override.write_text(text.replace(*edit))
+    with pytest.raises(ProtocolError) as info:
+        load_protocol(name, get_registry())
+    message = str(info.value)
+    assert "\n" not in message and "give it a new version" in message, message
+    assert message.startswith("protocols/") and str(shipped) in message, message
+    version = yaml.safe_load(text)["version"]
+    override.write_text(text.replace(*edit).replace(f'version: "{version}"', 'version: "override-1"'))
+    loaded = load_protocol(name, get_registry())
+    assert loaded.version == "override-1" and loaded.source.startswith("protocols")
+    assert len(loaded.notes) == 1 and str(shipped) in loaded.notes[0]

@@ -106,7 +106,8 @@ def name_reuse(protocol: Protocol, raw: dict, path: Path) -> tuple[str, ...]:
         if version == protocol.version:
             raise ProtocolError(f"{path}: name: protocol {protocol.name!r} version {version} is also {other}, whose "
                                 "content differs: the records of both would be counted in one board (records are "
-                                "kept by name and version); allowed: a name of its own, or a new version")
+                                "kept by name and version); give it a new version (an override of a protocol "
+                                "must carry one), or a name of its own")
         notes.append(f"{path}: protocol name {protocol.name!r} is also that of {other} (version {version}, other "
                      f"content): their records share one results folder, kept apart by version")
     return tuple(notes)
