@@ -211,6 +211,7 @@ def reproduce(run_id: str, results="results", data_dir: str | None = None, devic
 
 
 def _rerun(record: RunRecord, path: Path, data_dir, device, out, method_files, plugin_files) -> Reproduction:
+    """The rerun of `record` and its comparison (in the record's code scope)."""
     from ..run.engine import resolve_device, run_one
     from .executors.base import init_worker
 
