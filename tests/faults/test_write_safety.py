@@ -16,8 +16,10 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -373,3 +375,131 @@ def test_a_real_write_error_mid_file_is_one_line(results, tmp_path):
                           timeout=300)
     assert one_line_error(proc.returncode, proc.stderr, "File too large", str(out)), proc.stderr
     assert not [p for p in out.rglob("*") if p.is_file() and p.name != MANIFEST]
+
+
+# ------------------------------------------------------------------ files read from written folders: regular only
+
+class Hung(BaseException):
+    """Not an OSError (as TimeoutError is): no `except OSError` on the way out may take it for a read error."""
+
+
+@contextmanager
+def deadline(seconds: int = 20):
+    """Fail instead of hanging (an open of a FIFO blocks until a writer comes)."""
+    def expired(*_):
+        raise Hung(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def not_regular(path: Path, kind: str, outside: Path, monkeypatch) -> str:
+    """Put a `kind` (fifo, folder, socket, link to a FIFO outside) at `path`; returns the words that name it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "socket":  # bound by a relative name: a socket's path has at most 107 bytes
+        monkeypatch.chdir(path.parent)
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path.name)
+        monkeypatch.chdir(Path(__file__).parents[2])
+        return "a socket"
+    else:
+        os.mkfifo(outside)
+        path.symlink_to(outside)
+    return {"fifo": "a FIFO", "folder": "a folder", "link": "a symbolic link"}[kind]
+
+
+KINDS = ("fifo", "folder", "socket", "link")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_lock_that_is_not_a_regular_file_is_one_line_never_a_hang(kind, tmp_path, no_runs, cli, monkeypatch):
+    proto = tiny_protocol(tmp_path)
+    results = tmp_path / "res"
+    lock = results / "tiny" / ".lock"
+    words = not_regular(lock, kind, tmp_path / "outside-fifo", monkeypatch)
+    with deadline():  # before: a FIFO (or a link to one) named .lock hung `cl-bench run` for ever
+        code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", "--no-mlflow",
+                             *QUIET)
+    assert one_line_error(code, err, str(lock), words), err
+    assert not no_runs and not (results / "tiny" / "runs").exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_record_file_that_is_not_a_regular_file_is_skipped_with_a_note(kind, results, tmp_path, cli, monkeypatch):
+    bad = results / PROTO / "runs" / "aaaaaaaaaaaa.json"
+    words = not_regular(bad, kind, tmp_path / "outside-fifo", monkeypatch)
+    with deadline():
+        code, out, err = cli("export", "--results", results, "--out", tmp_path / "t.csv")
+    assert code == 0, err
+    notes = [line for line in (out + err).splitlines() if str(bad) in line]
+    assert len(notes) == 1 and "is invalid" in notes[0] and words.removeprefix("a ") in notes[0], out + err
+    assert len((tmp_path / "t.csv").read_text().splitlines()) == N_RECORDS + 1
+
+
+@pytest.fixture(scope="module")
+def pretrained_cache(tmp_path_factory):
+    """A cache holding one dataset-pretrained backbone (built by a one-run sweep) and the protocol that uses it."""
+    from harness.cli import main
+
+    folder = tmp_path_factory.mktemp("pretrained-cache")
+    proto = tiny_protocol(folder, regimes=("head",), extra="pretrain: {dataset: same, epochs: 1}\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CL_BENCH_CACHE", str(folder / "cache"))
+        assert main(["run", "--protocol", str(proto), "--results", str(folder / "res"), "--no-mlflow",
+                     "--no-leaderboard", *QUIET]) == 0
+    return proto, folder / "cache"
+
+
+@pytest.mark.parametrize("part, kind", [("", k) for k in KINDS] + [(".sha256", "fifo"), (".lock", "fifo")])
+def test_a_cache_file_that_is_not_a_regular_file_is_one_line_never_a_hang(part, kind, pretrained_cache, tmp_path,
+                                                                         no_runs, cli, monkeypatch):
+    proto, built = pretrained_cache
+    cache = Path(shutil.copytree(built, tmp_path / "cache"))
+    monkeypatch.setenv("CL_BENCH_CACHE", str(cache))
+    [weights] = (cache / "pretrained").glob("*.pt")
+    target = weights.with_name(weights.name + part)
+    target.unlink(missing_ok=True)
+    if part == ".lock":  # taken only to build the file: remove it
+        weights.unlink()
+    words = not_regular(target, kind, tmp_path / "outside-fifo", monkeypatch)
+    with deadline():  # before: a FIFO in the cache hung the sweep before its first run
+        code, out, err = cli("run", "--protocol", proto, "--results", tmp_path / "res", "--no-leaderboard",
+                             "--no-mlflow", *QUIET)
+    assert one_line_error(code, err, str(target), words), err
+    assert not no_runs
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_mnist1d_cache_file_is_read_only_when_regular(kind, tmp_path, monkeypatch):
+    from harness.run.datasets import load_dataset
+
+    monkeypatch.setenv("CL_BENCH_CACHE", str(tmp_path / "cache"))
+    target = tmp_path / "cache" / "mnist1d-default.npz"
+    words = not_regular(target, kind, tmp_path / "outside-fifo", monkeypatch)
+    with deadline(), pytest.raises(OutputError) as info:
+        load_dataset("mnist1d")
+    assert str(target) in str(info.value) and words in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind", KINDS + ("device",))
+def test_open_regular_refuses_before_reading(kind, tmp_path, monkeypatch):
+    path = Path("/dev/null") if kind == "device" else tmp_path / "f"
+    words = "a character device" if kind == "device" else not_regular(path, kind, tmp_path / "o", monkeypatch)
+    for flags in (os.O_RDONLY, os.O_RDWR | os.O_CREAT | os.O_APPEND):
+        with deadline(), pytest.raises(files.NotRegularFile, match=words):
+            files.open_regular(path, flags)
+    (tmp_path / "plain").write_bytes(b"ok")
+    assert files.read_regular(tmp_path / "plain") == b"ok"
+    link(tmp_path / "to-plain", tmp_path / "plain")
+    assert files.read_regular(tmp_path / "to-plain", follow=True) == b"ok"
+    with pytest.raises(files.NotRegularFile, match="a symbolic link"):
+        files.read_regular(tmp_path / "to-plain")
