@@ -90,6 +90,8 @@ def _remove_empty(folders) -> None:
     for path in folders:
         try:
             path.rmdir()
+        except FileNotFoundError:  # never made (runs/ before a record)
+            continue
         except OSError:  # not empty (a record, another process's file): keep it and what holds it
             return
 

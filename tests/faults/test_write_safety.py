@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -503,3 +504,78 @@ def test_open_regular_refuses_before_reading(kind, tmp_path, monkeypatch):
     assert files.read_regular(tmp_path / "to-plain", follow=True) == b"ok"
     with pytest.raises(files.NotRegularFile, match="a symbolic link"):
         files.read_regular(tmp_path / "to-plain")
+
+
+# ------------------------------------------------------------------ a sweep that stops early leaves no empty folders
+
+def _fail_check_links(monkeypatch):
+    def refuse(root, rel="."):
+        raise OutputError(f"{Path(root) / rel}: is a symbolic link (planted meanwhile)")
+    monkeypatch.setattr("harness.execution.sweep.check_links", refuse)
+
+
+def _fail_probe(monkeypatch):
+    real = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name.startswith(".write-probe"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "write_text", full)
+
+
+@pytest.mark.parametrize("fail, words", [(_fail_check_links, "symbolic link"), (_fail_probe, "No space left")])
+def test_a_results_folder_that_fails_its_check_leaves_no_folder_made_for_it(fail, words, tmp_path, no_runs, cli,
+                                                                           monkeypatch):
+    proto = tiny_protocol(tmp_path)
+    results = tmp_path / "new" / "results"
+    fail(monkeypatch)
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", "--no-mlflow", *QUIET)
+    assert one_line_error(code, err, words), err
+    assert not no_runs and not (tmp_path / "new").exists()  # before: new/results/tiny stayed behind
+
+
+def _interrupt_in(name: str, how: str):
+    def interrupt(*args, **kwargs):
+        if how == "signal":  # a real Ctrl-C, through the sweep's own handler
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        from harness.config.errors import DriverInterrupt
+        raise DriverInterrupt
+    return f"harness.execution.sweep.{name}", interrupt
+
+
+@pytest.mark.parametrize("where", ["check_writable", "_prepare_pretrained", "_progress_bar"])
+@pytest.mark.parametrize("how", ["raise", "signal"])
+def test_an_interrupt_before_the_first_record_leaves_no_empty_folders(where, how, tmp_path, no_runs, cli,
+                                                                      monkeypatch):
+    proto = tiny_protocol(tmp_path)
+    results = tmp_path / "new" / "results"
+    if where == "check_writable":  # after it made the folders
+        from harness.execution import sweep
+
+        real = sweep.check_writable
+        name, interrupt = _interrupt_in(where, how)
+        monkeypatch.setattr(name, lambda *a: real(*a) and interrupt())
+    else:
+        monkeypatch.setattr(*_interrupt_in(where, how))
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", "--no-mlflow", *QUIET)
+    assert "interrupted (" in out + err, (out, err)
+    assert not no_runs and not (tmp_path / "new").exists()  # before: new/results/tiny stayed behind
+
+
+def test_an_interrupted_sweep_keeps_its_records_and_their_folders(tmp_path, cli, monkeypatch):
+    proto = tiny_protocol(tmp_path, regimes=("head",), methods=("naive", "lwf"))
+    results = tmp_path / "res"
+    from harness.execution import sweep
+
+    real, seen = sweep._write, []
+
+    def write_then_stop(*args):
+        seen.append(real(*args))
+        from harness.config.errors import DriverInterrupt
+        raise DriverInterrupt
+    monkeypatch.setattr(sweep, "_write", write_then_stop)
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", "--no-mlflow", *QUIET)
+    assert "interrupted (" in out + err and [p.parent for p in seen] == [results / "tiny" / "runs"]
+    assert seen[0].is_file() and not (results / "tiny" / ".lock").exists()
