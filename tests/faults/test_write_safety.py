@@ -579,3 +579,17 @@ def test_an_interrupted_sweep_keeps_its_records_and_their_folders(tmp_path, cli,
     code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", "--no-mlflow", *QUIET)
     assert "interrupted (" in out + err and [p.parent for p in seen] == [results / "tiny" / "runs"]
     assert seen[0].is_file() and not (results / "tiny" / ".lock").exists()
+
+
+@pytest.mark.parametrize("out", ["@/site", "@/a/b/site", f"{PROTO}/my-site"])
+def test_a_leaderboard_checks_its_out_once(out, results, tmp_path, cli, monkeypatch):
+    from harness.service import records
+
+    real, calls = records.refuse_record_area, []
+    monkeypatch.setattr(records, "refuse_record_area", lambda *a, **k: calls.append(a) or real(*a, **k))
+    out = tmp_path / out[2:] if out.startswith("@/") else results / out
+    code, _, err = cli("leaderboard", "--results", results, "--protocol", PROTO, "--out", out)
+    assert code == 0, err
+    assert len(calls) == 1, calls  # before: twice (leaderboard and build_leaderboard)
+    code, _, err = cli("leaderboard", "--results", results, "--out", results / PROTO / "runs")
+    assert one_line_error(code, err, "--out") and len(calls) == 2, err
