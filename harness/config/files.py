@@ -82,6 +82,18 @@ def check_links(root: str | Path, rel: str | PurePath = ".") -> Path:
     return _walk(Path(root), relative_parts(root, rel), create=False)
 
 
+def check_tree(root: str | Path, rel: str | PurePath = ".") -> Path:
+    """root/rel after `check_links`, with no link anywhere below it either (an lstat walk that follows
+    nothing): for a folder another program writes into and would follow a link in (MLflow's artifacts)."""
+    top = check_links(root, rel)
+    for folder, dirs, names in os.walk(top):  # os.walk never descends into a link to a folder
+        dirs.sort()
+        for name in sorted((*dirs, *names)):
+            if os.path.islink(os.path.join(folder, name)):
+                raise link_error(Path(folder, name))
+    return top
+
+
 def ensure_dir(root: str | Path, rel: str | PurePath = ".") -> Path:
     """The folder root/rel, each missing part created without following a link, none of them a link."""
     root = Path(root)

@@ -593,3 +593,20 @@ def test_a_leaderboard_checks_its_out_once(out, results, tmp_path, cli, monkeypa
     assert len(calls) == 1, calls  # before: twice (leaderboard and build_leaderboard)
     code, _, err = cli("leaderboard", "--results", results, "--out", results / PROTO / "runs")
     assert one_line_error(code, err, "--out") and len(calls) == 2, err
+
+
+# ------------------------------------------------------------------ MLflow's artifact tree: no link anywhere below
+
+@pytest.mark.parametrize("below, kind", [("1", "folder"), ("1/abc/artifacts", "folder"),
+                                         ("1/abc/artifacts/record.json", "file"), ("0/meta.yaml", "file"),
+                                         ("1/dangling", "missing")])
+def test_run_refuses_a_link_anywhere_below_mlartifacts(below, kind, tmp_path, outside, no_runs, cli):
+    proto = tiny_protocol(tmp_path)
+    results = tmp_path / "res"
+    (results / "mlartifacts" / "1" / "abc" / "artifacts").mkdir(parents=True)
+    (results / "mlartifacts" / "0").mkdir()
+    target = {"file": outside[0], "folder": outside[1], "missing": tmp_path / "nowhere"}[kind]
+    link(results / "mlartifacts" / below, target)
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", *QUIET)
+    assert one_line_error(code, err, "symbolic link", str(results / "mlartifacts" / below)), err
+    assert not no_runs and untouched(outside) and not (results / "tiny").exists()
