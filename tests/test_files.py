@@ -1,13 +1,14 @@
 """config/files.py: the one file hash and the one atomic writer."""
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 
 import pytest
 
 from harness.config import files
-from harness.config.files import TMP_MARK, atomic_path, file_sha256, write_atomic
+from harness.config.files import TMP_MARK, file_sha256, write_atomic
 
 
 def test_file_sha256_is_the_sha256_of_the_bytes_across_chunks(tmp_path, monkeypatch):
@@ -27,13 +28,20 @@ def test_write_atomic_writes_text_as_utf8_and_bytes_as_given(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.bin", "t.txt"]  # no temp file left
 
 
-def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path):
-    path = tmp_path / "r.json"
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    path, seen = tmp_path / "r.json", []
     path.write_text("old")
-    with pytest.raises(RuntimeError), atomic_path(path) as tmp:
-        assert TMP_MARK in tmp.name and tmp.parent == tmp_path and tmp.name.startswith(".")
-        tmp.write_text("half")
-        raise RuntimeError("disk full")
+
+    def half(fh, data):
+        seen.append(sorted(p.name for p in tmp_path.iterdir()))
+        fh.write(data[:2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files, "_write_all", half)
+    with pytest.raises(OSError, match="r.json"):
+        write_atomic(path, "new content")
+    [[tmp, _]] = seen  # the temp file, beside the old one while it is written
+    assert TMP_MARK in tmp and tmp.startswith(".")
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 

@@ -7,6 +7,7 @@ from torchvision's own model, weights compared bitwise with what the test itself
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -587,15 +588,21 @@ def test_torchvision_weights_without_download_or_file_is_one_line(tmp_path):
                    "allowed: model: resnet18")
 
 
-def test_torchvision_weights_load_from_the_torch_hub_cache(tmp_path):
+def test_torchvision_weights_load_from_the_torch_hub_cache(tmp_path, monkeypatch):
+    from harness.run import pretrain
     from harness.run.models import build_model
     from harness.run.pretrain import load_backbone, pretrained_backbone
 
     assert Path(torch.hub.get_dir()) == tmp_path / "torch" / "hub"
+    assert pretrain.torchvision_weights_file("IMAGENET1K_V1").name == "resnet18-f37072fd.pth"
     tv = torchvision_resnet18(seed=4)
-    file = tmp_path / "torch" / "hub" / "checkpoints" / "resnet18-f37072fd.pth"
+    data = io.BytesIO()
+    torch.save(tv.state_dict(), data)
+    # the hub's name carries the sha256 prefix of its bytes (checked on read): these fake weights' own
+    file = tmp_path / "torch" / "hub" / "checkpoints" / f"resnet18-{hashlib.sha256(data.getvalue()).hexdigest()[:8]}.pth"
     file.parent.mkdir(parents=True)
-    torch.save(tv.state_dict(), file)
+    file.write_bytes(data.getvalue())
+    monkeypatch.setattr(pretrain, "torchvision_weights_file", lambda name: file)
     state, weights = pretrained_backbone(torchvision_spec(), DIGITS)  # digits: one channel
     ours = build_model("resnet18", DIGITS, n_heads=5, head_classes=2)
     load_backbone(ours, state, "torchvision")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from pathlib import Path
 
 from ..config.errors import RegistryError
+from ..config.files import NotRegularFile, check_regular
 
 MAX_CODE_BYTES = 16 << 20  # a method or plug-in file; anything larger is not one
 IMPLEMENTATION_DIGITS = 16  # of the sha256 in a file's implementation, `sha256:<16 hex>[+v<declared>]`
@@ -45,11 +45,10 @@ def code_sha256(code: bytes) -> str:
 
 
 def _refuse_irregular(path: Path, info: os.stat_result) -> None:
-    if not stat.S_ISREG(info.st_mode):
-        kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-        kind = next((k for test, k in kinds if test(info.st_mode)), "not a regular file")
-        raise RegistryError(f"{path}: is {kind}; allowed: a regular .py method or plug-in file")
+    try:
+        check_regular(path, info)  # the one regular-file check (config.files)
+    except NotRegularFile as exc:
+        raise RegistryError(f"{path}: is {exc.kind}; allowed: a regular .py method or plug-in file") from None
     if info.st_size > MAX_CODE_BYTES:
         raise RegistryError(f"{path}: {info.st_size:,} bytes; allowed: a method or plug-in file of at most "
                             f"{MAX_CODE_BYTES:,} bytes")

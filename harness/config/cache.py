@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CacheError
-from .files import ensure_dir, write_atomic
+from .files import ensure_dir, open_regular, read_regular, write_atomic
 from .paths import cache_dir, cache_unwritable
+from .text import first_line
 
 SIDECAR = ".sha256"
 
@@ -60,15 +60,16 @@ def cached(path: Path, parse: Callable[[bytes], Any], build: Callable[[], tuple[
 
 def _verified(path: Path, parse) -> tuple[Any, str, str]:
     """(value, sha256, '') of a verified file; (None, '', why not) otherwise ('' when absent)."""
+    # read_regular: a link, FIFO, socket or folder in a file's place is one line (NotRegularFile), never a hang
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
     except FileNotFoundError:
         return None, "", ""
-    except OSError as exc:  # a folder in its place, no permission
+    except OSError as exc:  # no permission
         return None, "", f"cannot be read ({exc.strerror or exc})"
     digest = hashlib.sha256(data).hexdigest()
     try:
-        recorded = path.with_name(path.name + SIDECAR).read_text(encoding="utf-8", errors="replace")
+        recorded = read_regular(path.with_name(path.name + SIDECAR), limit=4096).decode("utf-8", errors="replace")
     except OSError:
         return None, "", f"has no recorded sha256 ({path.name}{SIDECAR})"
     if recorded != _line(digest, path):
@@ -76,8 +77,7 @@ def _verified(path: Path, parse) -> tuple[Any, str, str]:
     try:
         return parse(data), digest, ""
     except Exception as exc:  # verified bytes that do not parse: damaged before they were hashed
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return None, "", f"cannot be read ({type(exc).__name__}: {first})"
+        return None, "", f"cannot be read ({first_line(exc)})"
 
 
 def store(path: Path, data: bytes) -> str:
@@ -114,7 +114,7 @@ def locked(path: Path) -> Iterator[None]:
         yield
         return
     with writing(path):
-        fh = open(path.with_name(path.name + ".lock"), "a+", opener=_no_follow)  # noqa: SIM115 (held across the yield)
+        fh = open(path.with_name(path.name + ".lock"), "a+", opener=open_regular)  # noqa: SIM115 (held across the yield)
     with fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
@@ -130,10 +130,6 @@ def _folder(path: Path) -> Path:
         return ensure_dir(root, path.parent.relative_to(root))
     except ValueError:  # a cache file outside cache_dir(): its own folder is the root
         return ensure_dir(path.parent)
-
-
-def _no_follow(path, flags):
-    return os.open(path, flags | getattr(os, "O_NOFOLLOW", 0), 0o666)
 
 
 def _stderr(line: str) -> None:

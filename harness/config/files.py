@@ -11,6 +11,10 @@ there by someone else (a received results folder, a shared site) and writing thr
 land outside the folder; it is refused with one line naming it (OutputError), as is a `..` or an
 absolute path. The root itself is the user's choice and may be, or pass through, a link.
 A write that fails (disk full) raises an OSError naming the target, and leaves no temp file.
+
+A file cl-bench reads from a folder it writes (a lock, a record, a cache file) is read through
+`open_regular`: a regular file only, never through a link, opened without blocking, so a FIFO,
+device, socket or folder in its place is one line (NotRegularFile), never a hang.
 """
 from __future__ import annotations
 
@@ -18,8 +22,6 @@ import hashlib
 import os
 import stat
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path, PurePath
 
 from .errors import OutputError
@@ -80,6 +82,18 @@ def check_links(root: str | Path, rel: str | PurePath = ".") -> Path:
     return _walk(Path(root), relative_parts(root, rel), create=False)
 
 
+def check_tree(root: str | Path, rel: str | PurePath = ".") -> Path:
+    """root/rel after `check_links`, with no link anywhere below it either (an lstat walk that follows
+    nothing): for a folder another program writes into and would follow a link in (MLflow's artifacts)."""
+    top = check_links(root, rel)
+    for folder, dirs, names in os.walk(top):  # os.walk never descends into a link to a folder
+        dirs.sort()
+        for name in sorted((*dirs, *names)):
+            if os.path.islink(os.path.join(folder, name)):
+                raise link_error(Path(folder, name))
+    return top
+
+
 def ensure_dir(root: str | Path, rel: str | PurePath = ".") -> Path:
     """The folder root/rel, each missing part created without following a link, none of them a link."""
     root = Path(root)
@@ -116,31 +130,72 @@ def _walk(path: Path, parts: tuple[str, ...], create: bool) -> Path:
     return path
 
 
-# -- atomic writes --------------------------------------------------------------------------------
-@contextmanager
-def atomic_path(path: str | Path, fsync: bool = False) -> Iterator[Path]:
-    """A temp path to write in the block; renamed onto `path` when the block ends cleanly, removed otherwise.
+# -- reading regular files only -------------------------------------------------------------------
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # an open of a FIFO blocks until a writer comes; this one does not
+_READ_FLAGS = _NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
-    For writers that want a path of their own (`torch.save`); `fsync` makes the file durable
-    before the rename (records: a crash must not leave a renamed but empty file). A link at
-    `path` is refused (OutputError); an OSError in the block names `path`.
-    """
-    path = refuse_link(path)
-    tmp = temp_path(path)
+
+class NotRegularFile(OutputError):
+    """A path cl-bench reads that is not a regular file (a FIFO, device, socket, folder) or is a link."""
+
+    def __init__(self, path: str | Path, kind: str):
+        self.path, self.kind = Path(path), kind
+        super().__init__(f"{path}: is {kind}; allowed: a regular file, not reached through a link (remove it)")
+
+
+def file_kind(mode: int) -> str:
+    """What a file of this st_mode is, in words: 'a regular file', 'a FIFO', 'a symbolic link', ..."""
+    return "a regular file" if stat.S_ISREG(mode) else next(
+        (kind for test, kind in _KINDS if test(mode)), "not a regular file")
+
+
+def check_regular(path: str | Path, info: os.stat_result) -> None:
+    """NotRegularFile unless `info` (a stat of `path`) is a regular file's."""
+    if not stat.S_ISREG(info.st_mode):
+        raise NotRegularFile(path, file_kind(info.st_mode))
+
+
+def open_regular(path: str | Path, flags: int = os.O_RDONLY, mode: int = 0o666, follow: bool = False) -> int:
+    """A file descriptor of the regular file `path` (os.open `flags`, e.g. O_CREAT), opened without
+    blocking and, unless `follow`, not through a link; NotRegularFile otherwise, before a byte is
+    read. Other errors (missing, no permission) are open's OSError."""
+    nofollow = 0 if follow else getattr(os, "O_NOFOLLOW", 0)
     try:
-        tmp.unlink(missing_ok=True)  # a leftover, or a link planted under the temp name: never written through
-        yield tmp
-        if fsync:
-            _fsync(tmp)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise naming(exc, path) from None
-    finally:
-        tmp.unlink(missing_ok=True)
+        fd = os.open(path, flags | _READ_FLAGS | nofollow, mode)
+    except OSError:  # a link (ELOOP), a socket or a FIFO without a reader (ENXIO), a folder (EISDIR): say which
+        try:
+            info = os.stat(path) if follow else os.lstat(path)
+        except OSError:
+            info = None
+        if info is not None:
+            check_regular(path, info)
+        raise
+    try:
+        check_regular(path, os.fstat(fd))  # the file opened, not the one a stat saw before
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
+def read_regular(path: str | Path, limit: int = -1, follow: bool = False) -> bytes:
+    """The bytes of the regular file `path` (at most `limit` of them when it is not -1), read through
+    `open_regular`."""
+    with os.fdopen(open_regular(path, follow=follow), "rb") as fh:
+        return fh.read(limit)
+
+
+# -- atomic writes --------------------------------------------------------------------------------
 def write_atomic(path: str | Path, data: str | bytes, fsync: bool = False) -> Path:
-    """Write text (UTF-8) or bytes to `path` atomically; returns the path (see `atomic_path`)."""
+    """Write text (UTF-8) or bytes to `path` atomically; returns the path.
+
+    `fsync` makes the file durable before the rename (records: a crash must not leave a renamed
+    but empty file). A link at `path` is refused (OutputError); an OSError names `path`.
+    """
     path = refuse_link(path)
     tmp = temp_path(path)
     try:
@@ -232,10 +287,3 @@ def _write_all(fh, data: bytes) -> None:
     """All of `data` to the open file (its own function: the fault tests make it fail half-way)."""
     fh.write(data)
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -35,3 +35,9 @@ def spreadsheet_safe(value):
     if isinstance(value, str) and value.startswith(_FORMULA_STARTS):
         return "'" + value
     return value
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception in one line for a one-line error: its type and the first line of its message."""
+    text = (str(exc).strip().splitlines() or [""])[0][:limit]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.errors import SweepError
-from ..config.files import link_error
+from ..config.files import read_regular
 from ..config.paths import LOCK
 
 
@@ -36,7 +36,7 @@ class ResultsLock:
             try:
                 # O_EXCL: an existing file or link (even a dangling one) is never opened, let alone followed
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
-            except FileExistsError:
+            except (FileExistsError, IsADirectoryError):  # a folder in its place: EISDIR
                 self._handle_existing()
                 continue
             with os.fdopen(fd, "w") as fh:
@@ -46,8 +46,7 @@ class ResultsLock:
         raise SweepError(f"{self.path}: could not take the lock")
 
     def _handle_existing(self):
-        if self.path.is_symlink():  # not ours: reading it could hang (a FIFO), removing it hides who made it
-            raise link_error(self.path)
+        # a link, FIFO, socket or folder is not ours: reading it could hang, removing it hides who made it
         holder = _read_lock(self.path)
         reason = None if self._key() in self._held else _stale_reason(holder)
         if reason is None:
@@ -82,12 +81,17 @@ def _lock_line() -> str:
 
 
 def _read_lock(path: Path) -> LockHolder:
-    """Parse a lock file, new or old format; an unreadable one has pid -1."""
+    """Parse a lock file, new or old format; an unreadable one has pid -1. Anything but a regular file
+    (a link, FIFO, socket, folder) is NotRegularFile, one OutputError line, before a byte is read."""
     try:
-        pid_s, host, stamp = (path.read_text().split() + ["?", "?", "?"])[:3]
+        text = read_regular(path, limit=4096).decode("utf-8", errors="replace")  # a line; never a huge file
+    except OSError:  # gone meanwhile, no permission (NotRegularFile is no OSError: it is raised)
+        return LockHolder(-1, "?", None, "?")
+    try:
+        pid_s, host, stamp = (text.split() + ["?", "?", "?"])[:3]
         host, _, start_s = host.partition(",start=")
         return LockHolder(int(pid_s), host, int(start_s) if start_s else None, stamp)
-    except (OSError, ValueError):
+    except ValueError:
         return LockHolder(-1, "?", None, "?")
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
-from ..config.files import TMP_MARK, ensure_dir, inside, write_atomic
+from ..config.files import TMP_MARK, NotRegularFile, ensure_dir, inside, open_regular, write_atomic
 from ..config.metrics import all_metrics, step_forgetting
 from ..config.paths import RUNS
 from ..config.specs import SCHEMA_VERSION, RunRecord, check_spec_json, run_id_of
@@ -295,22 +294,19 @@ def parse_record(data, expected_run_id: str | None = None,
 def read_bounded(path: Path) -> bytes:
     """The bytes of a regular file of at most MAX_RECORD_BYTES; OSError(reason) otherwise.
 
-    Opened without following a link and without blocking, so a FIFO or a link to a device
-    named *.json cannot hang or exhaust a command that reads the folder.
+    Read through config.files.open_regular (no link, no blocking), so a FIFO or a link to a
+    device named *.json cannot hang or exhaust a command that reads the folder.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, flags)
+        fd = open_regular(path)
+    except NotRegularFile as exc:
+        raise OSError(f"{exc.kind}, not a regular file; records are regular files") from None
     except OSError as exc:
-        if path.is_symlink():
-            raise OSError("a symbolic link; records are regular files") from None
         raise OSError(exc.strerror or str(exc)) from None
     with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError("not a regular file (a FIFO, device or folder); records are regular files")
-        if info.st_size > MAX_RECORD_BYTES:
-            raise OSError(f"{info.st_size / 2**20:.0f} MiB; a record is at most {MAX_RECORD_BYTES // 2**20} MiB")
+        size = os.fstat(fh.fileno()).st_size
+        if size > MAX_RECORD_BYTES:
+            raise OSError(f"{size / 2**20:.0f} MiB; a record is at most {MAX_RECORD_BYTES // 2**20} MiB")
         data = fh.read(MAX_RECORD_BYTES + 1)
     if len(data) > MAX_RECORD_BYTES:
         raise OSError(f"over {MAX_RECORD_BYTES // 2**20} MiB; a record is at most {MAX_RECORD_BYTES // 2**20} MiB")

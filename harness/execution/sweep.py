@@ -64,12 +64,12 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
     """
     results = Path(results).absolute()  # now: a run that changes the working directory moves no record
     target = protocol_dir(results, protocol.name)
-    created = [p for p in (target, *target.parents) if not p.exists()]  # innermost first
-    folder = check_writable(results, protocol.name)
+    created = [p for p in (target / RUNS, target, *target.parents) if not p.exists()]  # innermost first
     result = SweepResult()
     started = time.perf_counter()
     with _signals_interrupt() as stop:
         try:
+            folder = check_writable(results, protocol.name)
             with ResultsLock(folder, log=log):
                 _dispatch(plan, protocol, results, options, jobs, executor, progress, on_record, log, result,
                           stop)
@@ -77,6 +77,7 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
             result.interrupted, result.signal = True, stop.signal or "SIGINT"
             log(f"\ninterrupted ({result.signal}): {len(result.written)} finished runs are saved; "
                 "run the same command to resume")
+            _remove_empty(created)  # stopped before the first record: no empty folders either
         except BaseException:  # failed before or while running (a bad checkpoint): leave no empty folders
             _remove_empty(created)
             raise
@@ -89,6 +90,8 @@ def _remove_empty(folders) -> None:
     for path in folders:
         try:
             path.rmdir()
+        except FileNotFoundError:  # never made (runs/ before a record)
+            continue
         except OSError:  # not empty (a record, another process's file): keep it and what holds it
             return
 

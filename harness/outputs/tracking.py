@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ..config.files import check_links
+from ..config.files import check_links, check_tree
 from ..config.numbers import is_number
 from ..config.paths import MLFLOW_ARTIFACTS, MLFLOW_DB
 from ..config.specs import RunRecord
@@ -26,6 +26,11 @@ _TAG_MAX = 5000
 # How long a tracking server may take to answer before tracking is given up: MLflow's own client
 # waits 120 s a request and retries 7 times (about 4 minutes for a server that is not there).
 PROBE_TIMEOUT_S = 3.0
+# Every later request (a server that stops answering mid-sweep): MLflow's client waits at most
+# HTTP_TIMEOUT_S for a connection or the next bytes and tries once more; no Retry-After is obeyed.
+# The user's own MLFLOW_HTTP_* settings win (setdefault).
+HTTP_TIMEOUT_S = 10
+HTTP_RETRIES = 1
 REMOTE_SCHEMES = ("http", "https")
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -34,14 +39,15 @@ def resolve_tracking(results, uri: str | None = None) -> tuple[str, str | None]:
     """(tracking URI, artifact location for new experiments or None to let the server decide).
 
     The store MLflow keeps in the results folder is checked like every other output there: its
-    database and artifact folder may not be links (MLflow itself would write through them)."""
+    database and artifact folder may not be links, nor hold one anywhere below (MLflow itself would
+    write through them)."""
     given = uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not given:
         check_links(results, MLFLOW_DB)
     uri = given or f"sqlite:///{(Path(results) / MLFLOW_DB).resolve()}"
     remote = uri.split(":", 1)[0] in ("http", "https", "databricks", "databricks-uc")
     if not remote:
-        check_links(results, MLFLOW_ARTIFACTS)
+        check_tree(results, MLFLOW_ARTIFACTS)
     artifacts = None if remote else (Path(results) / MLFLOW_ARTIFACTS).resolve().as_uri()
     return uri, artifacts
 
@@ -179,6 +185,7 @@ class SweepTracker:
         if self.client is not None:
             return
         check_reachable(self.uri)
+        bound_mlflow_waits()
         from .. import compat  # noqa: F401  (telemetry off before mlflow is imported)
 
         quiet_mlflow_logs()
@@ -241,6 +248,14 @@ class SweepTracker:
         self.client.set_terminated(self.parent, status=status)
 
 
+def bound_mlflow_waits() -> None:
+    """Bound every MLflow HTTP request (HTTP_TIMEOUT_S, HTTP_RETRIES, no Retry-After sleeps) unless the user set
+    MLflow's own variables; MLflow reads them on each request."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(HTTP_TIMEOUT_S))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(HTTP_RETRIES))
+    os.environ.setdefault("MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER", "false")
+
+
 def check_reachable(uri: str, timeout: float | None = None) -> None:
     """Raise ConnectionError unless the tracking server of an http(s) URI answers (any HTTP status)
     within `timeout` seconds (PROBE_TIMEOUT_S); other URIs have no server to wait for."""
@@ -273,6 +288,7 @@ def store_problem(uri: str) -> str | None:
             check_reachable(uri)
         except ConnectionError as exc:
             return str(exc)
+        bound_mlflow_waits()  # the reader opens MLflow next: a server that stops answering costs seconds
         return None
     if scheme == "sqlite":
         path = rest[len("///"):].partition("?")[0] if rest.startswith("///") else ""

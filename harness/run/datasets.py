@@ -17,6 +17,7 @@ from ..config import paths
 from ..config.cache import cached
 from ..config.errors import DatasetError, DatasetMissing
 from ..config.paths import cache_dir
+from ..config.text import first_line
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ def _not_there(exc: RuntimeError) -> bool:
 
 def _damaged(name: str, root: Path, cls_name: str, exc: BaseException) -> DatasetError:
     return DatasetError(f"dataset {name!r}: the files under {root / cls_name} cannot be read, damaged? "
-                        f"({_first_line(exc)}); allowed: torchvision's {cls_name} files (remove them and pass "
+                        f"({first_line(exc)}); allowed: torchvision's {cls_name} files (remove them and pass "
                         "--download to fetch them again)")
 
 
@@ -254,13 +255,8 @@ def read_cifar_pickle(path: Path):
                            "CIFAR-100 file does; allowed: dicts, lists, strings, numbers and numpy arrays "
                            "(nothing from the file was run)") from None
     except Exception as exc:  # truncated, random bytes, a folder: whatever the pickle module raises
-        raise DatasetError(f"dataset 'cifar100': {path} is damaged ({_first_line(exc)}); allowed: the python-version "
+        raise DatasetError(f"dataset 'cifar100': {path} is damaged ({first_line(exc)}); allowed: the python-version "
                            "CIFAR-100 pickle (remove it and pass --download to fetch it again)") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = (str(exc).strip().splitlines() or [""])[0][:200]
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 CIFAR_PIXELS = 3 * 32 * 32
@@ -296,7 +292,7 @@ def _numeric(fail, entry: dict, key: str) -> np.ndarray:
     try:
         array = np.asarray(entry[key])
     except (ValueError, TypeError) as exc:
-        fail(f"{key!r} is not an array ({_first_line(exc)}); allowed: integers")
+        fail(f"{key!r} is not an array ({first_line(exc)}); allowed: integers")
     if array.dtype.kind not in "iu":
         fail(f"{key!r} holds {array.dtype} values; allowed: integers (uint8 pixels, int labels)")
     return array

@@ -13,7 +13,8 @@ state and where its weights came from. Three sources (config.pretrain):
   backbone once (`prepare_pretrained`); the file's sha256 is stored beside it and checked on every
   read (config.cache): a replaced or damaged file is retrained, with one warning line;
 - `torchvision`: ImageNet weights for model resnet18, read from torch hub's cache, fetched only
-  with --download.
+  with --download; the file's sha256 must start with the prefix in its name, as torch hub checks
+  a download.
 
 `same` pretrains on a held-out, class-stratified part of the stream's own training split;
 `stream_data` removes exactly those samples from the stream, so the two never share a sample.
@@ -38,6 +39,7 @@ from ..config.cache import cached
 from ..config.errors import PretrainError
 from ..config.paths import cache_dir
 from ..config.pretrain import DatasetRecipe, Pretrain, PretrainKind
+from ..config.text import first_line
 from .datasets import TensorData, dataset_fingerprint, load_dataset
 from .models import build_model
 from .resnet import torchvision_to_blocks
@@ -219,11 +221,24 @@ def _torchvision(pretrain: Pretrain, input_shape: tuple, download: bool, log) ->
         try:
             _tv_weights(name).get_state_dict(progress=False, check_hash=True)
         except Exception as exc:  # network, hash, disk: the user can act on the one line
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
-            raise PretrainError(f"{where}: download failed ({type(exc).__name__}: {first})") from None
+            raise PretrainError(f"{where}: download failed ({first_line(exc)})") from None
     data = _read_bytes(path, where)
-    weights = Weights(pretrain.kind.value, pretrain.cache_key(), str(path), hashlib.sha256(data).hexdigest())
+    digest = hashlib.sha256(data).hexdigest()
+    check_hub_hash(path, digest, where)
+    weights = Weights(pretrain.kind.value, pretrain.cache_key(), str(path), digest)
     return torchvision_to_blocks(state_from_bytes(data, path, where), int(input_shape[0])), weights
+
+
+def check_hub_hash(path: Path, digest: str, where: str) -> None:
+    """PretrainError unless the sha256 `digest` of `path`'s bytes starts with the prefix its file name
+    carries (resnet18-f37072fd.pth), the check torch hub makes on a download (torch.hub.HASH_REGEX):
+    a file put in the hub's cache by hand, or replaced there, is checked as a download is."""
+    found = torch.hub.HASH_REGEX.search(path.name)
+    prefix = found.group(1) if found else ""
+    if not digest.startswith(prefix):
+        raise PretrainError(f"{where}: {path} is not the file its name says (sha256 {digest[:len(prefix)]}, "
+                            f"the name's {prefix}); allowed: torchvision's own file (remove it and pass "
+                            "--download to fetch it again)")
 
 
 # -- dataset: held-out samples ---------------------------------------------------------------------

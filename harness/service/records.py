@@ -56,8 +56,6 @@ def leaderboard(req: LeaderboardRequest, log: Log = print) -> LeaderboardOutcome
     """One site per protocol found under `results` (or the one named), or the site of an MLflow experiment."""
     from ..execution.store import discover_protocol_dirs, runs_dir
 
-    if req.out:
-        refuse_record_area(req.results, req.out, "--out", site=True)
     if req.from_mlflow:
         return LeaderboardOutcome((_leaderboard_from_mlflow(req, log),))
     names = [req.protocol] if req.protocol else [p.name for p in discover_protocol_dirs(req.results)]
@@ -81,6 +79,8 @@ def _leaderboard_from_mlflow(req: LeaderboardRequest, log: Log) -> Path:
     from ..outputs.export import records_from_mlflow
     from ..outputs.site import build_site
 
+    if req.out:
+        refuse_record_area(req.results, req.out, "--out", site=True)
     experiment = req.experiment or req.protocol
     if not experiment:
         raise SweepError("--from-mlflow: name the MLflow experiment with --experiment NAME")
@@ -193,13 +193,13 @@ def build_leaderboard(results, protocol_name: str, out: str | None = None, versi
     from ..execution.views import view_records
     from ..outputs.site import build_site
 
+    if out:  # the one check of a site's --out (before a record is read)
+        refuse_record_area(results, out, "--out", site=True)
     records = view_records(load_records(results, protocol_name, log=log if grid is None else None),
                            version, grid, log=log)
     if not records:
         print(f"leaderboard: no records under {protocol_dir(results, protocol_name)}")
         return None
-    if out:
-        refuse_record_area(results, out, "--out", site=True)
     target = Path(out) if out else protocol_dir(results, protocol_name) / SITE
     index = build_site(records, target, results_dir=str(results), include_flagged=include_flagged, rope=rope,
                        root=_root_of(results, target), force=force or not out)

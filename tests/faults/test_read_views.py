@@ -6,7 +6,8 @@
   timings, learning checks) is range-checked on read, and every spec field type-checked: a
   record failing either is one note naming the file and the field, and is never shown.
 - A forged spec (a float seed and a recomputed run id) never displaces the real record.
-- A tracking server that does not answer costs a few seconds and one warning, not minutes.
+- A tracking server that does not answer, at first contact or later, costs a few seconds and one
+  warning, not minutes.
 - `leaderboard --from-mlflow` refuses a store that does not exist, creating nothing.
 """
 from __future__ import annotations
@@ -378,3 +379,95 @@ def test_from_mlflow_refuses_a_store_that_is_not_there_and_creates_nothing(kind,
     lines = err.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and "Traceback" not in err, err
     assert (sorted(p.name for p in tmp_path.iterdir()), _snapshot(path)) == before  # nothing created or changed
+
+
+# --- 6. A tracking server that stops answering after first contact --------------------------------
+
+class HalfServer:
+    """Answers the reachability probe (GET /), then stops answering MLflow's requests: `hangs` (reads,
+    never writes), `stalls` (headers, then one byte of the body), `retry-after` (503, Retry-After: 3600)."""
+
+    def __init__(self, kind: str):
+        self.kind, self.held = kind, []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.uri = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        try:
+            while True:
+                conn, _ = self.sock.accept()
+                self.held.append(conn)
+                threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+        except OSError:
+            return
+
+    def _answer(self, conn):
+        try:
+            while request := conn.recv(65536):
+                if request.startswith(b"GET / "):
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    return
+                if self.kind == "stalls":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 999\r\n\r\n{")
+                elif self.kind == "retry-after":
+                    conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 3600\r\nContent-Length: 0\r\n\r\n")
+        except OSError:
+            return
+
+    def close(self):
+        for conn in self.held:
+            conn.close()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("kind", ["hangs", "stalls", "retry-after"])
+def test_a_server_that_stops_answering_after_the_probe_costs_seconds_once(kind, monkeypatch):
+    from harness.config.specs import RunRecord
+    from harness.outputs import tracking
+
+    for name in ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+                 "MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER"):  # cl-bench's bounds, not the caller's
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    monkeypatch.setattr(tracking, "HTTP_TIMEOUT_S", 1, raising=False)  # 10 s in use; the rule, not the wait
+    from mlflow import MlflowClient  # noqa: F401  (imported before the clock starts: seconds on a busy machine)
+
+    server = HalfServer(kind)
+    lines = []
+    info = {"name": "sweep", "params": {}, "tags": {tracking.SWEEP_KEY_TAG: "k"}}
+    tracker = tracking.SweepTracker(server.uri, "exp", info, log=lines.append)
+    record = RunRecord.from_dict(record_json())
+    worker = threading.Thread(target=lambda: (tracker.log_record(record), tracker.log_record(record),
+                                              tracker.finish()), daemon=True)
+    start = time.monotonic()
+    try:
+        worker.start()
+        worker.join(20)
+    finally:
+        server.close()
+    assert not worker.is_alive(), "tracking still waits for the server after 20 s"  # before: minutes a request
+    assert time.monotonic() - start < 8  # two requests of 1 s, once
+    assert len(lines) == 1 and "MLflow logging failed" in lines[0] and not tracker.enabled, lines
+
+
+def test_mlflow_waits_are_bounded_unless_the_user_chose(monkeypatch):
+    from harness.outputs import tracking
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")  # the user's own choice wins
+    monkeypatch.setenv("MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER", "")
+    monkeypatch.delenv("MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER")
+    tracking.bound_mlflow_waits()
+    from mlflow.environment_variables import (
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES,
+        MLFLOW_HTTP_REQUEST_TIMEOUT,
+        MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER,
+    )
+
+    assert MLFLOW_HTTP_REQUEST_TIMEOUT.get() == tracking.HTTP_TIMEOUT_S == 10
+    assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 3
+    assert MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER.get() is False

@@ -16,8 +16,11 @@ import os
 import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -373,3 +376,237 @@ def test_a_real_write_error_mid_file_is_one_line(results, tmp_path):
                           timeout=300)
     assert one_line_error(proc.returncode, proc.stderr, "File too large", str(out)), proc.stderr
     assert not [p for p in out.rglob("*") if p.is_file() and p.name != MANIFEST]
+
+
+# ------------------------------------------------------------------ files read from written folders: regular only
+
+class Hung(BaseException):
+    """Not an OSError (as TimeoutError is): no `except OSError` on the way out may take it for a read error."""
+
+
+@contextmanager
+def deadline(seconds: int = 20):
+    """Fail instead of hanging (an open of a FIFO blocks until a writer comes)."""
+    def expired(*_):
+        raise Hung(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def not_regular(path: Path, kind: str, outside: Path, monkeypatch) -> str:
+    """Put a `kind` (fifo, folder, socket, link to a FIFO outside) at `path`; returns the words that name it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "socket":  # bound by a relative name: a socket's path has at most 107 bytes
+        monkeypatch.chdir(path.parent)
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path.name)
+        monkeypatch.chdir(Path(__file__).parents[2])
+        return "a socket"
+    else:
+        os.mkfifo(outside)
+        path.symlink_to(outside)
+    return {"fifo": "a FIFO", "folder": "a folder", "link": "a symbolic link"}[kind]
+
+
+KINDS = ("fifo", "folder", "socket", "link")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_lock_that_is_not_a_regular_file_is_one_line_never_a_hang(kind, tmp_path, no_runs, cli, monkeypatch):
+    proto = tiny_protocol(tmp_path)
+    results = tmp_path / "res"
+    lock = results / "tiny" / ".lock"
+    words = not_regular(lock, kind, tmp_path / "outside-fifo", monkeypatch)
+    with deadline():  # before: a FIFO (or a link to one) named .lock hung `cl-bench run` for ever
+        code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", "--no-mlflow",
+                             *QUIET)
+    assert one_line_error(code, err, str(lock), words), err
+    assert not no_runs and not (results / "tiny" / "runs").exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_record_file_that_is_not_a_regular_file_is_skipped_with_a_note(kind, results, tmp_path, cli, monkeypatch):
+    bad = results / PROTO / "runs" / "aaaaaaaaaaaa.json"
+    words = not_regular(bad, kind, tmp_path / "outside-fifo", monkeypatch)
+    with deadline():
+        code, out, err = cli("export", "--results", results, "--out", tmp_path / "t.csv")
+    assert code == 0, err
+    notes = [line for line in (out + err).splitlines() if str(bad) in line]
+    assert len(notes) == 1 and "is invalid" in notes[0] and words.removeprefix("a ") in notes[0], out + err
+    assert len((tmp_path / "t.csv").read_text().splitlines()) == N_RECORDS + 1
+
+
+@pytest.fixture(scope="module")
+def pretrained_cache(tmp_path_factory):
+    """A cache holding one dataset-pretrained backbone (built by a one-run sweep) and the protocol that uses it."""
+    from harness.cli import main
+
+    folder = tmp_path_factory.mktemp("pretrained-cache")
+    proto = tiny_protocol(folder, regimes=("head",), extra="pretrain: {dataset: same, epochs: 1}\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CL_BENCH_CACHE", str(folder / "cache"))
+        assert main(["run", "--protocol", str(proto), "--results", str(folder / "res"), "--no-mlflow",
+                     "--no-leaderboard", *QUIET]) == 0
+    return proto, folder / "cache"
+
+
+@pytest.mark.parametrize("part, kind", [("", k) for k in KINDS] + [(".sha256", "fifo"), (".lock", "fifo")])
+def test_a_cache_file_that_is_not_a_regular_file_is_one_line_never_a_hang(part, kind, pretrained_cache, tmp_path,
+                                                                         no_runs, cli, monkeypatch):
+    proto, built = pretrained_cache
+    cache = Path(shutil.copytree(built, tmp_path / "cache"))
+    monkeypatch.setenv("CL_BENCH_CACHE", str(cache))
+    [weights] = (cache / "pretrained").glob("*.pt")
+    target = weights.with_name(weights.name + part)
+    target.unlink(missing_ok=True)
+    if part == ".lock":  # taken only to build the file: remove it
+        weights.unlink()
+    words = not_regular(target, kind, tmp_path / "outside-fifo", monkeypatch)
+    with deadline():  # before: a FIFO in the cache hung the sweep before its first run
+        code, out, err = cli("run", "--protocol", proto, "--results", tmp_path / "res", "--no-leaderboard",
+                             "--no-mlflow", *QUIET)
+    assert one_line_error(code, err, str(target), words), err
+    assert not no_runs
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_mnist1d_cache_file_is_read_only_when_regular(kind, tmp_path, monkeypatch):
+    from harness.run.datasets import load_dataset
+
+    monkeypatch.setenv("CL_BENCH_CACHE", str(tmp_path / "cache"))
+    target = tmp_path / "cache" / "mnist1d-default.npz"
+    words = not_regular(target, kind, tmp_path / "outside-fifo", monkeypatch)
+    with deadline(), pytest.raises(OutputError) as info:
+        load_dataset("mnist1d")
+    assert str(target) in str(info.value) and words in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind", KINDS + ("device",))
+def test_open_regular_refuses_before_reading(kind, tmp_path, monkeypatch):
+    path = Path("/dev/null") if kind == "device" else tmp_path / "f"
+    words = "a character device" if kind == "device" else not_regular(path, kind, tmp_path / "o", monkeypatch)
+    for flags in (os.O_RDONLY, os.O_RDWR | os.O_CREAT | os.O_APPEND):
+        with deadline(), pytest.raises(files.NotRegularFile, match=words):
+            files.open_regular(path, flags)
+    (tmp_path / "plain").write_bytes(b"ok")
+    assert files.read_regular(tmp_path / "plain") == b"ok"
+    link(tmp_path / "to-plain", tmp_path / "plain")
+    assert files.read_regular(tmp_path / "to-plain", follow=True) == b"ok"
+    with pytest.raises(files.NotRegularFile, match="a symbolic link"):
+        files.read_regular(tmp_path / "to-plain")
+
+
+# ------------------------------------------------------------------ a sweep that stops early leaves no empty folders
+
+def _fail_check_links(monkeypatch):
+    def refuse(root, rel="."):
+        raise OutputError(f"{Path(root) / rel}: is a symbolic link (planted meanwhile)")
+    monkeypatch.setattr("harness.execution.sweep.check_links", refuse)
+
+
+def _fail_probe(monkeypatch):
+    real = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name.startswith(".write-probe"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "write_text", full)
+
+
+@pytest.mark.parametrize("fail, words", [(_fail_check_links, "symbolic link"), (_fail_probe, "No space left")])
+def test_a_results_folder_that_fails_its_check_leaves_no_folder_made_for_it(fail, words, tmp_path, no_runs, cli,
+                                                                           monkeypatch):
+    proto = tiny_protocol(tmp_path)
+    results = tmp_path / "new" / "results"
+    fail(monkeypatch)
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", "--no-mlflow", *QUIET)
+    assert one_line_error(code, err, words), err
+    assert not no_runs and not (tmp_path / "new").exists()  # before: new/results/tiny stayed behind
+
+
+def _interrupt_in(name: str, how: str):
+    def interrupt(*args, **kwargs):
+        if how == "signal":  # a real Ctrl-C, through the sweep's own handler
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        from harness.config.errors import DriverInterrupt
+        raise DriverInterrupt
+    return f"harness.execution.sweep.{name}", interrupt
+
+
+@pytest.mark.parametrize("where", ["check_writable", "_prepare_pretrained", "_progress_bar"])
+@pytest.mark.parametrize("how", ["raise", "signal"])
+def test_an_interrupt_before_the_first_record_leaves_no_empty_folders(where, how, tmp_path, no_runs, cli,
+                                                                      monkeypatch):
+    proto = tiny_protocol(tmp_path)
+    results = tmp_path / "new" / "results"
+    if where == "check_writable":  # after it made the folders
+        from harness.execution import sweep
+
+        real = sweep.check_writable
+        name, interrupt = _interrupt_in(where, how)
+        monkeypatch.setattr(name, lambda *a: real(*a) and interrupt())
+    else:
+        monkeypatch.setattr(*_interrupt_in(where, how))
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", "--no-mlflow", *QUIET)
+    assert "interrupted (" in out + err, (out, err)
+    assert not no_runs and not (tmp_path / "new").exists()  # before: new/results/tiny stayed behind
+
+
+def test_an_interrupted_sweep_keeps_its_records_and_their_folders(tmp_path, cli, monkeypatch):
+    proto = tiny_protocol(tmp_path, regimes=("head",), methods=("naive", "lwf"))
+    results = tmp_path / "res"
+    from harness.execution import sweep
+
+    real, seen = sweep._write, []
+
+    def write_then_stop(*args):
+        seen.append(real(*args))
+        from harness.config.errors import DriverInterrupt
+        raise DriverInterrupt
+    monkeypatch.setattr(sweep, "_write", write_then_stop)
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", "--no-mlflow", *QUIET)
+    assert "interrupted (" in out + err and [p.parent for p in seen] == [results / "tiny" / "runs"]
+    assert seen[0].is_file() and not (results / "tiny" / ".lock").exists()
+
+
+@pytest.mark.parametrize("out", ["@/site", "@/a/b/site", f"{PROTO}/my-site"])
+def test_a_leaderboard_checks_its_out_once(out, results, tmp_path, cli, monkeypatch):
+    from harness.service import records
+
+    real, calls = records.refuse_record_area, []
+    monkeypatch.setattr(records, "refuse_record_area", lambda *a, **k: calls.append(a) or real(*a, **k))
+    out = tmp_path / out[2:] if out.startswith("@/") else results / out
+    code, _, err = cli("leaderboard", "--results", results, "--protocol", PROTO, "--out", out)
+    assert code == 0, err
+    assert len(calls) == 1, calls  # before: twice (leaderboard and build_leaderboard)
+    code, _, err = cli("leaderboard", "--results", results, "--out", results / PROTO / "runs")
+    assert one_line_error(code, err, "--out") and len(calls) == 2, err
+
+
+# ------------------------------------------------------------------ MLflow's artifact tree: no link anywhere below
+
+@pytest.mark.parametrize("below, kind", [("1", "folder"), ("1/abc/artifacts", "folder"),
+                                         ("1/abc/artifacts/record.json", "file"), ("0/meta.yaml", "file"),
+                                         ("1/dangling", "missing")])
+def test_run_refuses_a_link_anywhere_below_mlartifacts(below, kind, tmp_path, outside, no_runs, cli):
+    proto = tiny_protocol(tmp_path)
+    results = tmp_path / "res"
+    (results / "mlartifacts" / "1" / "abc" / "artifacts").mkdir(parents=True)
+    (results / "mlartifacts" / "0").mkdir()
+    target = {"file": outside[0], "folder": outside[1], "missing": tmp_path / "nowhere"}[kind]
+    link(results / "mlartifacts" / below, target)
+    code, out, err = cli("run", "--protocol", proto, "--results", results, "--no-leaderboard", *QUIET)
+    assert one_line_error(code, err, "symbolic link", str(results / "mlartifacts" / below)), err
+    assert not no_runs and untouched(outside) and not (results / "tiny").exists()
