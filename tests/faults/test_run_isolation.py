@@ -398,3 +398,67 @@ def test_every_builtin_method_survives_a_last_batch_of_one_on_batchnorm(method):
                      training=TrainingSpec(lr=0.05, momentum=0.9, epochs=2, batch_size=67))
     record = run_one(spec, device="cpu")
     assert record.status == "ok", f"{method}: {record.error}"
+
+
+# -- 4b. which models take a batch of one: a forward of one row decides, not the presence of BatchNorm --------
+def _maps_npz(folder: Path) -> str:
+    """Two classes of 3x16x16 images (resnet18-reduced's last stage then works on 2x2 maps)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(41, 3, 16, 16)).astype("float32"), np.arange(41) % 2
+    path = folder / "maps.npz"
+    np.savez(path, x_train=x, y_train=y, x_test=x[:10], y_test=y[:10])
+    return f"npz:{path}"
+
+
+ONE_ROW_CASES = [  # (model, data set, regime): every built-in backbone, on maps of several sizes
+    ("mlp", "digits", "full"), ("mlp-bn", "digits", "full"), ("mlp-bn", "digits", "head"),
+    ("small-cnn", "digits", "full"), ("small-cnn", "maps", "last-1"), ("cnn1d", "mnist1d", "full"),
+    ("resnet18-reduced", "digits", "full"), ("resnet18-reduced", "maps", "full"), ("resnet18", "digits", "last-1"),
+]
+
+
+def _one_row_trains(spec, input_shape) -> bool:
+    """The independent truth: the run's model, in its regime's train mode, on one row."""
+    from harness.run.engine import build_run_model
+    from harness.run.regimes import apply_regime
+
+    model = build_run_model(spec, input_shape)
+    apply_regime(model, spec.regime)
+    model.train()
+    try:
+        model(torch.randn(1, *input_shape), torch.zeros(1, dtype=torch.long))
+    except ValueError as exc:
+        assert "Expected more than 1 value per channel" in str(exc)
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("model", "data", "regime"), ONE_ROW_CASES)
+def test_a_last_batch_of_one_trains_exactly_where_the_model_can_take_one_row(model, data, regime, tmp_path):
+    from harness.run.datasets import load_dataset
+    from harness.run.streams import split_tasks
+
+    name = _maps_npz(tmp_path) if data == "maps" else data
+    n_tasks = 1 if data == "maps" else 2
+    loaded = load_dataset(name)
+    sizes = [len(t.y_train) for t in split_tasks(loaded, tuple(range(10)), n_tasks, 2)]
+    batch = max(b for b in range(2, 100) if sizes[0] % b == 1)  # task 1 ends with a batch of one row
+    spec = make_spec(dataset=DatasetSpec(name, n_tasks, 2, model), regime=regime, pretrain="none",
+                     training=TrainingSpec(lr=0.01, momentum=0.9, epochs=1, batch_size=batch))
+    trains = _one_row_trains(spec, loaded.input_shape)
+    kept = []
+
+    def own_pass(event, t, strategy):  # a method's own pass over data (BECAME's Fisher) keeps what trains
+        if event == "before_task" and t == 0:
+            from harness.methods.gpm import without_lone_batches
+
+            strategy.model.train()
+            x = loaded.x_train[:3]
+            kept.append(len(list(without_lone_batches(strategy.model, [(x[:2], 0), (x[2:], 0)]))))
+
+    record = run_one(spec, device="cpu", observer=own_pass)
+    assert record.status == "ok", record.error
+    assert record.budget["optimizer_steps"] == sum(_iterations(n, batch, not trains) for n in sizes)
+    assert kept == [2 if trains else 1]
