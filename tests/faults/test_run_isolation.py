@@ -237,6 +237,22 @@ def test_test_data_changed_behind_the_copies_fails_the_run(grading, tmp_path, cl
     assert measured(run_one(make_spec(**TINY), device="cpu")) == clean  # the data set cache was not reached
 
 
+ENGINE_TASKS = "tasks = next(f.frame.f_locals['tasks'] for f in inspect.stack() if 'host_tasks' in f.frame.f_locals)\n"
+IN_BUILD = {  # the same, from build(): before the first task, before the first evaluation
+    "y-test": ENGINE_TASKS + "for t in tasks:\n    t.y_test.zero_()",
+    "x-test": ENGINE_TASKS + "tasks[-1].x_test[:5] = 0",
+    "one-label": ENGINE_TASKS + "tasks[0].y_test[0] = 1 - tasks[0].y_test[0]",
+}
+
+
+@pytest.mark.parametrize("grading", sorted(IN_BUILD))
+def test_test_data_changed_in_build_fails_the_run(grading, tmp_path):
+    path = method_file(tmp_path, f"build-{grading}", build=IN_BUILD[grading])
+    record = run_one(make_spec(**{**TINY, "method": f"build-{grading}"}), device="cpu", method_files=(str(path),))
+    assert record.status == "failed", "the test data changed in build() went unseen"
+    assert "the test data of task" in record.error and "changed in the method's build()" in record.error
+
+
 # -- 3. exits and interrupts: that run's failed record, never the sweep's end --------------------------------
 EXITS = {
     "sys-exit-0": "sys.exit(0)",
