@@ -189,6 +189,7 @@ def reproduce(run_id: str, results="results", data_dir: str | None = None, devic
     the user names (verified against the record), and compare."""
     from ..run.engine import resolve_device, run_one
     from .executors.base import init_worker
+    from .interrupts import signals_interrupt
 
     record, path = find_record(run_id, results)
     files = code_files(record, method_files, plugin_files)
@@ -199,8 +200,9 @@ def reproduce(run_id: str, results="results", data_dir: str | None = None, devic
         raise SweepError(f"--device: {exc}") from None
     init_worker(1)
     started = time.perf_counter()
-    rerun = run_one(record.spec, data_dir=data_dir, device=device, method_files=files,
-                    submission=record.submission)
+    with signals_interrupt():  # Ctrl-C stops the rerun, never turns into its failed record
+        rerun = run_one(record.spec, data_dir=data_dir, device=device, method_files=files,
+                        submission=record.submission)
     seconds = time.perf_counter() - started
     rerun_path = _keep(rerun, out)
     verdict, differences, delta = compare(record, rerun)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from harness.config.specs import DatasetSpec, TrainingSpec
 from harness.execution.executors import InlineExecutor, RunOptions
 from harness.run.engine import run_one
 
-from .conftest import tiny_protocol
+from .conftest import REPO, tiny_protocol
 
 TINY = dict(dataset=DatasetSpec("digits", 2, 2, "mlp"), regime="full", pretrain="none",
             training=TrainingSpec(lr=0.05, momentum=0.9, epochs=1, batch_size=64))
@@ -478,3 +480,95 @@ def test_a_last_batch_of_one_trains_exactly_where_the_model_can_take_one_row(mod
     assert record.status == "ok", record.error
     assert record.budget["optimizer_steps"] == sum(_iterations(n, batch, not trains) for n in sizes)
     assert kept == [2 if trains else 1]
+
+
+# -- 5. the user's Ctrl-C outside a sweep (reproduce, check) and a second one after a swallowed first ---------
+MARK = "CL_BENCH_TEST_MARK"  # set: the method's build() marks that it runs, then sleeps for ever
+SLEEPS = f"import time\nmark = os.environ.get({MARK!r})\nif mark:\n    open(mark, 'w').close()\n"
+SLEEPER = SLEEPS + "    while True:\n        time.sleep(0.02)"
+SWALLOWER = SLEEPS + ("    while True:\n        try:\n            time.sleep(0.02)\n"
+                      "        except BaseException:\n            open(mark + '.swallowed', 'w').close()")
+
+
+def _started(command: list, mark: Path) -> subprocess.Popen:
+    """`cl-bench COMMAND` in a process of its own, once its method runs (the mark exists)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", MARK: str(mark), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *map(str, command)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    _wait_for(lambda: mark.exists() or proc.poll() is not None, proc)
+    assert proc.poll() is None, proc.stdout.read()
+    return proc
+
+
+def _wait_for(condition, proc, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"timed out: {proc.communicate()[0]}")
+        time.sleep(0.02)
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    try:
+        return proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _sleeper_record(tmp_path, cli, monkeypatch, build: str) -> tuple[Path, dict]:
+    """A method file whose build() sleeps while MARK is set, and the record of a run made without it."""
+    path = method_file(tmp_path, "sleeper", build=build)
+    monkeypatch.delenv(MARK, raising=False)
+    proto = tiny_protocol(tmp_path, methods=("sleeper",), regimes=("head",))
+    code, out, err = cli("run", "--protocol", proto, "--results", tmp_path / "res", "--no-progress", "--no-mlflow",
+                         "--no-leaderboard", "--executor", "inline", "--method", path)
+    assert code == 0, err
+    [record] = _records(tmp_path / "res")
+    return path, record
+
+
+def _command(command: str, tmp_path, path: Path, record: dict | None) -> list:
+    if command == "run":
+        return ["run", "--protocol", tmp_path / "tiny.yaml", "--results", tmp_path / "res", "--no-progress",
+                "--no-mlflow", "--no-leaderboard", "--executor", "inline", "--method", path]
+    if command == "reproduce":
+        return ["reproduce", record["run_id"], "--results", tmp_path / "res", "--out", tmp_path / "out",
+                "--method", path]
+    return ["check", path]
+
+
+@pytest.mark.parametrize("command", ["reproduce", pytest.param("check", marks=pytest.mark.slow)])
+def test_ctrl_c_stops_reproduce_and_check_and_writes_no_record(command, tmp_path, cli, monkeypatch):
+    path, record = _sleeper_record(tmp_path, cli, monkeypatch, SLEEPER)
+    proc = _started(_command(command, tmp_path, path, record), tmp_path / "mark")
+    proc.send_signal(signal.SIGINT)
+    out = _finish(proc)
+    assert proc.returncode == 130, out  # 128 + SIGINT, as an interrupted sweep
+    assert "interrupted (SIGINT)" in out and "Traceback" not in out, out
+    assert "failed" not in out and "finding" not in out, out  # the interrupt is no verdict on the method
+    assert not list((tmp_path / "out").rglob("*.json")), "an interrupted rerun left a record"
+
+
+@pytest.mark.parametrize(("command", "sig"), [
+    ("run", signal.SIGINT), pytest.param("reproduce", signal.SIGTERM, marks=pytest.mark.slow),
+    pytest.param("check", signal.SIGINT, marks=pytest.mark.slow)])
+def test_a_second_signal_stops_the_process_when_a_method_swallows_the_first(command, sig, tmp_path, cli,
+                                                                              monkeypatch):
+    path, record = _sleeper_record(tmp_path, cli, monkeypatch, SWALLOWER) if command == "reproduce" else (
+        method_file(tmp_path, "sleeper", build=SWALLOWER), None)
+    tiny_protocol(tmp_path, methods=("sleeper",), regimes=("head",))
+    mark = tmp_path / "mark"
+    proc = _started(_command(command, tmp_path, path, record), mark)
+    proc.send_signal(sig)
+    _wait_for(lambda: Path(f"{mark}.swallowed").exists(), proc)
+    time.sleep(0.2)
+    assert proc.poll() is None, "the method swallowed the first signal: the process goes on"
+    proc.send_signal(sig)
+    out = _finish(proc)
+    assert proc.returncode == -sig, out  # ended by the signal itself
+    if command != "check":
+        folder = tmp_path / ("out" if command == "reproduce" else "res")
+        assert not list(folder.rglob("*.json")), "the interrupted run left a record"
