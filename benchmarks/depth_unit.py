@@ -221,4 +221,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from harness.execution.interrupts import signals_interrupt
+
+    with signals_interrupt():  # Ctrl-C stops the script, not only the run in progress (a failed record)
+        main()

@@ -29,6 +29,8 @@ def main(argv=None) -> int:
     except UsageError as exc:
         print(one_line(str(exc)), file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM outside a sweep (which returns its own exit code)
+        return _interrupted(str(exc))
     except BrokenPipeError:  # `cl-bench list | head`: the reader left; not an error
         import os
 
@@ -40,6 +42,15 @@ def main(argv=None) -> int:
             raise
         print(f"cl-bench: error: {one_line(message)}", file=sys.stderr)
         return EXIT_USAGE
+
+
+def _interrupted(name: str) -> int:
+    """One line, and 128 + the signal's number (130 for Ctrl-C), as a stopped sweep exits."""
+    import signal
+
+    sig = signal.SIGTERM if name == "SIGTERM" else signal.SIGINT  # DriverInterrupt names its signal
+    print(f"cl-bench: interrupted ({sig.name})", file=sys.stderr)
+    return 128 + sig.value
 
 
 def one_line(text: str) -> str:

@@ -163,9 +163,11 @@ def check_adapter(adapter, method_files=(), regimes=CONTRACT_REGIMES, device: st
 
 def _run(spec, method_files, device):
     from ..run.engine import run_one
+    from .interrupts import signals_interrupt
 
     probe = Probe()
-    record = run_one(spec, device=device, method_files=tuple(method_files), observer=probe)
+    with signals_interrupt():  # Ctrl-C stops the check, never turns into a finding about the method
+        record = run_one(spec, device=device, method_files=tuple(method_files), observer=probe)
     return record, probe
 
 

@@ -214,6 +214,7 @@ def _rerun(record: RunRecord, path: Path, data_dir, device, out, method_files, p
     """The rerun of `record` and its comparison (in the record's code scope)."""
     from ..run.engine import resolve_device, run_one
     from .executors.base import init_worker
+    from .interrupts import signals_interrupt
 
     files = code_files(record, method_files, plugin_files)
     device = device or (record.provenance or {}).get("device") or "auto"
@@ -223,8 +224,9 @@ def _rerun(record: RunRecord, path: Path, data_dir, device, out, method_files, p
         raise SweepError(f"--device: {exc}") from None
     init_worker(1)
     started = time.perf_counter()
-    rerun = run_one(record.spec, data_dir=data_dir, device=device, method_files=files,
-                    submission=record.submission)
+    with signals_interrupt():  # Ctrl-C stops the rerun, never turns into its failed record
+        rerun = run_one(record.spec, data_dir=data_dir, device=device, method_files=files,
+                        submission=record.submission)
     seconds = time.perf_counter() - started
     rerun_path = _keep(rerun, out)
     verdict, differences, delta = compare(record, rerun)

@@ -2,11 +2,8 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +13,7 @@ from ..config.paths import RUNS
 from ..config.specs import Protocol
 from ..config.vocabulary import Status
 from .executors import RunOptions, make_executor
+from .interrupts import signals_interrupt
 from .lock import ResultsLock
 from .plan import Plan
 from .store import protocol_dir, runs_dir, write_record
@@ -67,7 +65,7 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
     created = [p for p in (target / RUNS, target, *target.parents) if not p.exists()]  # innermost first
     result = SweepResult()
     started = time.perf_counter()
-    with _signals_interrupt() as stop:
+    with signals_interrupt() as stop:
         try:
             folder = check_writable(results, protocol.name)
             with ResultsLock(folder, log=log):
@@ -111,7 +109,7 @@ def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_rec
     try:
         for record in records:
             if stop is not None and stop.signal:  # a run swallowed the interrupt: its record may be its victim
-                raise DriverInterrupt
+                raise DriverInterrupt(stop.signal)
             path = _write(results, runs_dir(results, protocol.name), record, len(result.written))
             result.written.append(path)
             result.statuses[record.status] = result.statuses.get(record.status, 0) + 1
@@ -136,48 +134,6 @@ def _prepare_pretrained(specs, options: RunOptions, log) -> None:
 
     prepare_pretrained(backbones, data_dir=options.data_dir,
                        download=options.download, device=str(resolve_device(options.device)), log=log)
-
-
-class _Stop:
-    """Which signal stopped the sweep (None: none, or a KeyboardInterrupt no signal raised)."""
-
-    signal: str | None = None
-
-
-@contextmanager
-def _signals_interrupt():
-    """While the sweep runs, SIGTERM raises DriverInterrupt (a KeyboardInterrupt) like Ctrl-C does (main
-    thread only); a run lets DriverInterrupt through, where a method's own KeyboardInterrupt fails the run."""
-    stop = _Stop()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop  # signal handlers can only be set from the main thread
-        return
-
-    def handler(signum, frame):
-        if stop.signal is None:  # once: a second signal must not break the clean-up after the first
-            stop.signal = signal.Signals(signum).name
-            raise DriverInterrupt
-
-    caller = signal.getsignal(signal.SIGINT)
-
-    def noted(signum, frame):  # a caller's own SIGINT handler decides; if it interrupts, so does the sweep
-        try:
-            return caller(signum, frame)
-        except KeyboardInterrupt:
-            stop.signal = stop.signal or signal.Signals(signum).name
-            raise
-
-    handlers = {signal.SIGTERM: handler}
-    if caller is signal.default_int_handler:
-        handlers[signal.SIGINT] = handler
-    elif callable(caller):
-        handlers[signal.SIGINT] = noted
-    previous = {sig: signal.signal(sig, new) for sig, new in handlers.items()}
-    try:
-        yield stop
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _write(results, folder: Path, record, n_saved: int) -> Path:

@@ -24,6 +24,7 @@ import torch
 from avalanche.core import SupervisedPlugin
 
 from ..api.contract import MethodAdapter, Range, dataset_tensors
+from ..api.one_row import one_row_fails
 from ..config.vocabulary import Family
 from ._batchnorm import batchnorm_layers
 from ._gpm_math import PROJECTED_TYPES, energy_threshold, layer_input_matrix, project_gradient_, update_basis_from_gram
@@ -103,14 +104,11 @@ def dataset_batches(dataset, indices, batch_size: int, device):
 
 
 def without_lone_batches(model, batches):
-    """`batches` less a batch of one row after the first, when `model` has BatchNorm layers.
-
-    BatchNorm in train mode cannot normalise one sample (a 269-row task in batches of 67 ends with
-    one); the training loops skip that batch too (harness.run.fastdata.skip_lone_batches).
-    """
-    has_batchnorm = any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    """`batches` less a batch of one row after the first that `model` cannot take now (`one_row_fails`,
+    asked when the batch comes: the model's modes then), as the training loops skip it
+    (harness.run.fastdata.skip_lone_batches)."""
     for i, batch in enumerate(batches):
-        if not (has_batchnorm and i > 0 and len(batch[0]) == 1):
+        if not (i > 0 and len(batch[0]) == 1 and one_row_fails(model)):
             yield batch
 
 

@@ -18,6 +18,7 @@ import torch
 
 from ..api import contract
 from ..api.contract import MethodContext, make_optimizer
+from ..api.one_row import note_row_extents
 from ..api.plugins import used_plugins
 from ..api.registry import get_registry
 from ..config.errors import DriverInterrupt
@@ -167,6 +168,7 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     host_tasks = split_tasks(data, spec.class_order, spec.dataset.n_tasks, spec.dataset.classes_per_task,
                              spec.scenario)
     tasks = on_device(host_tasks, device)
+    fingerprints = fingerprint_test_data(tasks)  # before any code of the method runs (its build() too)
     model = _run_model(spec, data.input_shape, data_dir, download, device, progress)
     progress.n_blocks = len(trainable_block_names(model))
     progress.params = parameter_counts(model, spec.regime)
@@ -175,8 +177,8 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     harness_plugin = progress.plugin = HarnessPlugin()
     progress.n_test = [len(t.y_test) for t in tasks]
     strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks, progress)
+    _check_test_data(tasks, fingerprints, None)
     evaluate = _evaluator(spec)
-    fingerprints = fingerprint_test_data(tasks)
     progress.init_acc, progress.init_task_aware = _timed_eval(model, tasks, spec, device, progress, evaluate)
     for t, experience in enumerate(to_avalanche(host_tasks, resident=tasks).train_stream):
         t0 = time.perf_counter()
@@ -225,11 +227,13 @@ def _digest(tensor: torch.Tensor) -> str:
     return f"{tuple(tensor.shape)}{tensor.dtype}{hashlib.blake2b(flat, digest_size=16).hexdigest()}"
 
 
-def _check_test_data(tasks, fingerprints: tuple, t: int) -> None:
+def _check_test_data(tasks, fingerprints: tuple, t: int | None) -> None:
+    """The test data must be what it was when it reached the device (`t`: the task just trained, None: build)."""
     changed = [f"task {i + 1}" for i, (now, then) in enumerate(zip(fingerprint_test_data(tasks), fingerprints))
                if now != then]
     if changed:
-        raise AdapterError(f"the test data of {', '.join(changed)} changed during task {t + 1}: a method may not "
+        when = "in the method's build()" if t is None else f"during task {t + 1}"
+        raise AdapterError(f"the test data of {', '.join(changed)} changed {when}: a method may not "
                            "write to what the harness evaluates on (ctx.tasks holds copies of the test tensors)",
                            Breach.TEST_DATA)
 
@@ -244,7 +248,10 @@ def _run_model(spec: RunSpec, input_shape, data_dir, download, device, progress)
     model = build_run_model(spec, input_shape)
     if spec.pretrain.is_backbone:
         _load_pretrained(model, spec, input_shape, data_dir, download, device, progress)
-    return inject_adapters(model, spec.regime).to(device)
+    model = inject_adapters(model, spec.regime).to(device)
+    # which BatchNorm layers one row gives one value per channel: a last batch of one is skipped only there
+    note_row_extents(model, lambda: model.features(torch.zeros((1, *input_shape), device=device)))
+    return model
 
 
 def _load_pretrained(model, spec, input_shape, data_dir, download, device, progress) -> None:

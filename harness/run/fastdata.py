@@ -14,9 +14,10 @@ mix tasks); otherwise (a plugin adding data or transforms) Avalanche's loader is
 before. Plugins that replace or wrap `strategy.dataloader` themselves (replay's memory
 batches) run after this and still do so.
 
-On either path a minibatch of one row is skipped while the model trains a BatchNorm layer
-(`skip_lone_batches`): BatchNorm cannot normalise a single sample (a 269-row task in batches of
-67 ends with one), and pretraining skips it too (harness.run.pretrain.train_backbone).
+On either path a last minibatch of one row is skipped when a forward of one row would fail
+(`skip_lone_batches`): a BatchNorm layer normalising with batch statistics gets one value per
+channel from it (harness.api.one_row; a 269-row task in batches of 67 ends with one). A batch of one
+that the model can train on (BatchNorm on feature maps, as in small-cnn) trains as any other.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import math
 import torch
 
 from ..api.contract import BATCH_GENERATOR_ATTRIBUTE, dataset_tensors
+from ..api.one_row import one_row_fails
 
 # Batches smaller than this get the frozen prefix run on them rather than cached features:
 # BLAS kernels for a handful of rows may round differently from the big batches the cache
@@ -80,12 +82,6 @@ def _never() -> bool:
     return False
 
 
-def trains_batchnorm(model) -> bool:
-    """Whether a forward pass of `model` now normalises with batch statistics (a batch of one fails it)."""
-    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and (m.training or m.running_mean is None)
-               for m in model.modules())
-
-
 class SkipLone:
     """A training loader without its batches of one row while `skip()` says so (Avalanche's loaders)."""
 
@@ -103,12 +99,13 @@ class SkipLone:
 
 
 def skip_lone_batches(strategy) -> None:
-    """Make the strategy's training loaders (fast or Avalanche's) skip a batch of one row while the
-    model trains BatchNorm and minibatches are larger (a batch size of 1 stays the method's own)."""
+    """Make the strategy's training loaders (fast or Avalanche's) skip a batch of one row that the model
+    cannot train on now (`one_row_fails`) while minibatches are larger (a batch size of 1 stays the
+    method's own)."""
     made = strategy.make_train_dataloader
 
     def skip() -> bool:
-        return strategy.train_mb_size > 1 and trains_batchnorm(strategy.model)
+        return strategy.train_mb_size > 1 and one_row_fails(strategy.model)
 
     def make_train_dataloader(**kwargs):
         made(**kwargs)

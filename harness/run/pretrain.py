@@ -334,7 +334,10 @@ def train_backbone(model_name: str, x: torch.Tensor, y: torch.Tensor, n_classes:
             order = torch.randperm(len(y), generator=order_rng)
             for start in range(0, len(order), recipe.batch_size):
                 batch = order[start:start + recipe.batch_size]
-                if len(batch) < 2 < len(order):  # BatchNorm cannot train on one sample
+                # Any batch of one is skipped here, on every backbone, unlike a run's training, which skips it
+                # only where a forward of one row fails (harness.api.one_row): the cached backbones were
+                # trained under this rule and are keyed by their recipe, so it stays.
+                if len(batch) < 2 < len(order):
                     continue
                 optimizer.zero_grad(set_to_none=True)
                 loss = loss_fn(model.heads[0](model.features(x[batch].to(device))), y[batch].to(device))

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from harness.config.specs import DatasetSpec, TrainingSpec
 from harness.execution.executors import InlineExecutor, RunOptions
 from harness.run.engine import run_one
 
-from .conftest import tiny_protocol
+from .conftest import REPO, tiny_protocol
 
 TINY = dict(dataset=DatasetSpec("digits", 2, 2, "mlp"), regime="full", pretrain="none",
             training=TrainingSpec(lr=0.05, momentum=0.9, epochs=1, batch_size=64))
@@ -237,6 +239,22 @@ def test_test_data_changed_behind_the_copies_fails_the_run(grading, tmp_path, cl
     assert measured(run_one(make_spec(**TINY), device="cpu")) == clean  # the data set cache was not reached
 
 
+ENGINE_TASKS = "tasks = next(f.frame.f_locals['tasks'] for f in inspect.stack() if 'host_tasks' in f.frame.f_locals)\n"
+IN_BUILD = {  # the same, from build(): before the first task, before the first evaluation
+    "y-test": ENGINE_TASKS + "for t in tasks:\n    t.y_test.zero_()",
+    "x-test": ENGINE_TASKS + "tasks[-1].x_test[:5] = 0",
+    "one-label": ENGINE_TASKS + "tasks[0].y_test[0] = 1 - tasks[0].y_test[0]",
+}
+
+
+@pytest.mark.parametrize("grading", sorted(IN_BUILD))
+def test_test_data_changed_in_build_fails_the_run(grading, tmp_path):
+    path = method_file(tmp_path, f"build-{grading}", build=IN_BUILD[grading])
+    record = run_one(make_spec(**{**TINY, "method": f"build-{grading}"}), device="cpu", method_files=(str(path),))
+    assert record.status == "failed", "the test data changed in build() went unseen"
+    assert "the test data of task" in record.error and "changed in the method's build()" in record.error
+
+
 # -- 3. exits and interrupts: that run's failed record, never the sweep's end --------------------------------
 EXITS = {
     "sys-exit-0": "sys.exit(0)",
@@ -287,8 +305,10 @@ def test_the_drivers_own_interrupt_still_stops_the_sweep_even_when_a_method_swal
 
 def _interrupt_both_ways(tmp_path, cli) -> None:
     through = method_file(tmp_path, "sigint-through", after_task="os.kill(os.getpid(), signal.SIGINT)")
+    # once, after task 1: a second signal would end the process (test_a_second_signal_stops_the_process...)
     swallowed = method_file(tmp_path, "sigint-swallowed", after_task=(
-        "try:\n    os.kill(os.getpid(), signal.SIGINT)\nexcept BaseException:\n    pass"))
+        "if not hasattr(self, 'sent'):\n    self.sent = True\n"
+        "    try:\n        os.kill(os.getpid(), signal.SIGINT)\n    except BaseException:\n        pass"))
     for path, name in ((through, "sigint-through"), (swallowed, "sigint-swallowed")):
         proto = tiny_protocol(tmp_path, name=name, methods=(name, "naive"), regimes=("head",))
         code, out, err = cli("run", "--protocol", proto, "--results", tmp_path / "res", "--no-progress",
@@ -398,3 +418,159 @@ def test_every_builtin_method_survives_a_last_batch_of_one_on_batchnorm(method):
                      training=TrainingSpec(lr=0.05, momentum=0.9, epochs=2, batch_size=67))
     record = run_one(spec, device="cpu")
     assert record.status == "ok", f"{method}: {record.error}"
+
+
+# -- 4b. which models take a batch of one: a forward of one row decides, not the presence of BatchNorm --------
+def _maps_npz(folder: Path) -> str:
+    """Two classes of 3x16x16 images (resnet18-reduced's last stage then works on 2x2 maps)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(41, 3, 16, 16)).astype("float32"), np.arange(41) % 2
+    path = folder / "maps.npz"
+    np.savez(path, x_train=x, y_train=y, x_test=x[:10], y_test=y[:10])
+    return f"npz:{path}"
+
+
+ONE_ROW_CASES = [  # (model, data set, regime): every built-in backbone, on maps of several sizes
+    ("mlp", "digits", "full"), ("mlp-bn", "digits", "full"), ("mlp-bn", "digits", "head"),
+    ("small-cnn", "digits", "full"), ("small-cnn", "maps", "last-1"), ("cnn1d", "mnist1d", "full"),
+    ("resnet18-reduced", "digits", "full"), ("resnet18-reduced", "maps", "full"), ("resnet18", "digits", "last-1"),
+]
+
+
+def _one_row_trains(spec, input_shape) -> bool:
+    """The independent truth: the run's model, in its regime's train mode, on one row."""
+    from harness.run.engine import build_run_model
+    from harness.run.regimes import apply_regime
+
+    model = build_run_model(spec, input_shape)
+    apply_regime(model, spec.regime)
+    model.train()
+    try:
+        model(torch.randn(1, *input_shape), torch.zeros(1, dtype=torch.long))
+    except ValueError as exc:
+        assert "Expected more than 1 value per channel" in str(exc)
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("model", "data", "regime"), ONE_ROW_CASES)
+def test_a_last_batch_of_one_trains_exactly_where_the_model_can_take_one_row(model, data, regime, tmp_path):
+    from harness.run.datasets import load_dataset
+    from harness.run.streams import split_tasks
+
+    name = _maps_npz(tmp_path) if data == "maps" else data
+    n_tasks = 1 if data == "maps" else 2
+    loaded = load_dataset(name)
+    sizes = [len(t.y_train) for t in split_tasks(loaded, tuple(range(10)), n_tasks, 2)]
+    batch = max(b for b in range(2, 100) if sizes[0] % b == 1)  # task 1 ends with a batch of one row
+    spec = make_spec(dataset=DatasetSpec(name, n_tasks, 2, model), regime=regime, pretrain="none",
+                     training=TrainingSpec(lr=0.01, momentum=0.9, epochs=1, batch_size=batch))
+    trains = _one_row_trains(spec, loaded.input_shape)
+    kept = []
+
+    def own_pass(event, t, strategy):  # a method's own pass over data (BECAME's Fisher) keeps what trains
+        if event == "before_task" and t == 0:
+            from harness.methods.gpm import without_lone_batches
+
+            strategy.model.train()
+            x = loaded.x_train[:3]
+            kept.append(len(list(without_lone_batches(strategy.model, [(x[:2], 0), (x[2:], 0)]))))
+
+    record = run_one(spec, device="cpu", observer=own_pass)
+    assert record.status == "ok", record.error
+    assert record.budget["optimizer_steps"] == sum(_iterations(n, batch, not trains) for n in sizes)
+    assert kept == [2 if trains else 1]
+
+
+# -- 5. the user's Ctrl-C outside a sweep (reproduce, check) and a second one after a swallowed first ---------
+MARK = "CL_BENCH_TEST_MARK"  # set: the method's build() marks that it runs, then sleeps for ever
+SLEEPS = f"import time\nmark = os.environ.get({MARK!r})\nif mark:\n    open(mark, 'w').close()\n"
+SLEEPER = SLEEPS + "    while True:\n        time.sleep(0.02)"
+SWALLOWER = SLEEPS + ("    while True:\n        try:\n            time.sleep(0.02)\n"
+                      "        except BaseException:\n            open(mark + '.swallowed', 'w').close()")
+
+
+def _started(command: list, mark: Path) -> subprocess.Popen:
+    """`cl-bench COMMAND` in a process of its own, once its method runs (the mark exists)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", MARK: str(mark), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *map(str, command)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    _wait_for(lambda: mark.exists() or proc.poll() is not None, proc)
+    assert proc.poll() is None, proc.stdout.read()
+    return proc
+
+
+def _wait_for(condition, proc, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"timed out: {proc.communicate()[0]}")
+        time.sleep(0.02)
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    try:
+        return proc.communicate(timeout=60)[0]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _sleeper_record(tmp_path, cli, monkeypatch, build: str) -> tuple[Path, dict]:
+    """A method file whose build() sleeps while MARK is set, and the record of a run made without it."""
+    path = method_file(tmp_path, "sleeper", build=build)
+    monkeypatch.delenv(MARK, raising=False)
+    proto = tiny_protocol(tmp_path, methods=("sleeper",), regimes=("head",))
+    code, out, err = cli("run", "--protocol", proto, "--results", tmp_path / "res", "--no-progress", "--no-mlflow",
+                         "--no-leaderboard", "--executor", "inline", "--method", path)
+    assert code == 0, err
+    [record] = _records(tmp_path / "res")
+    return path, record
+
+
+def _command(command: str, tmp_path, path: Path, record: dict | None) -> list:
+    if command == "run":
+        return ["run", "--protocol", tmp_path / "tiny.yaml", "--results", tmp_path / "res", "--no-progress",
+                "--no-mlflow", "--no-leaderboard", "--executor", "inline", "--method", path]
+    if command == "reproduce":
+        return ["reproduce", record["run_id"], "--results", tmp_path / "res", "--out", tmp_path / "out",
+                "--method", path]
+    return ["check", path]
+
+
+@pytest.mark.parametrize("command", ["reproduce", pytest.param("check", marks=pytest.mark.slow)])
+def test_ctrl_c_stops_reproduce_and_check_and_writes_no_record(command, tmp_path, cli, monkeypatch):
+    path, record = _sleeper_record(tmp_path, cli, monkeypatch, SLEEPER)
+    proc = _started(_command(command, tmp_path, path, record), tmp_path / "mark")
+    proc.send_signal(signal.SIGINT)
+    out = _finish(proc)
+    assert proc.returncode == 130, out  # 128 + SIGINT, as an interrupted sweep
+    assert "interrupted (SIGINT)" in out and "Traceback" not in out, out
+    assert "failed" not in out and "finding" not in out, out  # the interrupt is no verdict on the method
+    assert not list((tmp_path / "out").rglob("*.json")), "an interrupted rerun left a record"
+
+
+@pytest.mark.parametrize(("command", "sig"), [
+    ("run", signal.SIGINT), pytest.param("reproduce", signal.SIGTERM, marks=pytest.mark.slow),
+    pytest.param("check", signal.SIGINT, marks=pytest.mark.slow)])
+def test_a_second_signal_stops_the_process_when_a_method_swallows_the_first(command, sig, tmp_path, cli,
+                                                                              monkeypatch):
+    path, record = _sleeper_record(tmp_path, cli, monkeypatch, SWALLOWER) if command == "reproduce" else (
+        method_file(tmp_path, "sleeper", build=SWALLOWER), None)
+    tiny_protocol(tmp_path, methods=("sleeper",), regimes=("head",))
+    mark = tmp_path / "mark"
+    proc = _started(_command(command, tmp_path, path, record), mark)
+    proc.send_signal(sig)
+    _wait_for(lambda: Path(f"{mark}.swallowed").exists(), proc)
+    time.sleep(0.2)
+    assert proc.poll() is None, "the method swallowed the first signal: the process goes on"
+    proc.send_signal(sig)
+    out = _finish(proc)
+    assert proc.returncode == -sig, out  # ended by the signal itself
+    if command != "check":
+        folder = tmp_path / ("out" if command == "reproduce" else "res")
+        assert not list(folder.rglob("*.json")), "the interrupted run left a record"
