@@ -15,7 +15,7 @@ import numpy as np
 from ..api.plugins import DataSource, PluginError, lookup, register_builtins
 from ..config import paths
 from ..config.cache import cached
-from ..config.errors import DatasetError, DatasetMissing
+from ..config.errors import DatasetError, DatasetMissing, UserError
 from ..config.paths import cache_dir
 from ..config.text import first_line
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
@@ -462,7 +462,7 @@ def load_dataset(name: str, data_dir: str | None = None, download: bool = False)
         raise DatasetError(f"unknown dataset {name!r}; allowed: {', '.join(DATASETS)}, npz:PATH") from None
     try:
         loaded = found.plugin.load(paths.data_dir(data_dir), download)
-    except DatasetError:  # DatasetMissing (files not there: a dry run plans without) or the loader's own line
+    except UserError:  # DatasetMissing (a dry run plans without), a cache's or the loader's own line
         raise
     except Exception as exc:  # a plug-in's own failure: one line naming it, not a traceback
         raise DatasetError(f"{found.source}: dataset {name!r}: load failed: {type(exc).__name__}: {exc}") from None

@@ -349,11 +349,14 @@ def test_a_damaged_mnist1d_cache_is_rebuilt_with_one_warning(variant, sidecar, t
     assert len(fast_mnist1d) == 2 and capsys.readouterr().err == ""
 
 
-def test_a_folder_in_place_of_the_mnist1d_cache_names_cl_bench_cache(tmp_path, fast_mnist1d):
+def test_a_folder_in_place_of_the_mnist1d_cache_is_one_line_naming_it(tmp_path, fast_mnist1d):
+    from harness.config.errors import OutputError
+
     mnist1d_cache(tmp_path).mkdir(parents=True)
     (mnist1d_cache(tmp_path) / "f").write_text("x")
-    with pytest.raises(CacheError, match="CL_BENCH_CACHE="):
+    with pytest.raises(OutputError, match="mnist1d-default.npz: is a folder") as info:  # never deleted
         ds._mnist1d()
+    assert "\n" not in str(info.value) and (mnist1d_cache(tmp_path) / "f").exists()
 
 
 # -- the pretrained-backbone cache ------------------------------------------------------------------
