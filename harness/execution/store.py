@@ -12,7 +12,7 @@ import numpy as np
 from ..config.files import TMP_MARK, NotRegularFile, ensure_dir, inside, open_regular, write_atomic
 from ..config.metrics import all_metrics, step_forgetting
 from ..config.paths import RUNS
-from ..config.specs import SCHEMA_VERSION, RunRecord, check_spec_json, run_id_of
+from ..config.specs import SCHEMA_VERSION, DatasetSpec, RunRecord, RunSpec, TrainingSpec, check_spec_json, run_id_of
 from ..config.text import terminal_safe
 from ..config.validate import show
 from ..config.vocabulary import Scenario, Status
@@ -80,6 +80,9 @@ def validate_record(data, expected_run_id: str | None = None, protocol: str | No
         check_spec_json(data["spec"])
     except ValueError as exc:  # a field of another type or out of range: forged, or not a record of a protocol
         return Problem("corrupt", f"its {exc}")
+    canonical = canonical_problem(data["spec"])
+    if canonical:
+        return Problem("corrupt", canonical)
     shape = _shape_problem(data)
     if shape:
         return Problem("corrupt", shape)
@@ -87,6 +90,50 @@ def validate_record(data, expected_run_id: str | None = None, protocol: str | No
         return Problem("foreign", f"a record of protocol {data['spec'].get('protocol')!r} in the folder of "
                                   f"protocol {protocol!r}")
     return None
+
+
+def canonical_spec(spec: dict) -> dict:
+    """The JSON form cl-bench writes for this spec: RunSpec.from_dict(spec).to_dict(), a float field a float."""
+    canonical = RunSpec.from_dict(spec).to_dict()
+    for key, kind in (("dataset", DatasetSpec), ("training", TrainingSpec)):
+        for f in fields(kind):
+            value = canonical[key][f.name]
+            if f.type in ("float", float) and isinstance(value, int) and not isinstance(value, bool):
+                canonical[key][f.name] = float(value)
+    return canonical
+
+
+def canonical_problem(spec: dict) -> str | None:
+    """Where a (type-checked) spec differs from its canonical form, or None. Another form of one spec (an
+    empty `plugins`, 1 for 1.0) hashes to another run id, yet is the same RunSpec: the same cell of the
+    grid as the real record, where the two would hide each other."""
+    try:
+        canonical = canonical_spec(spec)
+    except (TypeError, ValueError, KeyError) as exc:
+        return f"its spec does not have the schema's shape ({exc})"
+    where = _first_difference(spec, canonical, "spec")
+    return None if where is None else (f"its {where} is not in the form cl-bench writes "
+                                       "(another spelling of a spec: edited or forged)")
+
+
+def _first_difference(a, b, name: str) -> str | None:
+    """The dotted path of the first place where two JSON values differ in key, length, type or value."""
+    if type(a) is not type(b):
+        return name
+    if isinstance(a, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            if key not in a or key not in b:
+                return f"{name}.{key}"
+            found = _first_difference(a[key], b[key], f"{name}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return name
+        return next((found for i, (x, y) in enumerate(zip(a, b))
+                     if (found := _first_difference(x, y, f"{name}[{i}]"))), None)
+    return None if a == b or (a != a and b != b) else name  # NaN: the same spelling
 
 
 # The JSON type of every field after `spec` (whose shape RunSpec.from_dict checks).

@@ -471,3 +471,53 @@ def test_mlflow_waits_are_bounded_unless_the_user_chose(monkeypatch):
     assert MLFLOW_HTTP_REQUEST_TIMEOUT.get() == tracking.HTTP_TIMEOUT_S == 10
     assert MLFLOW_HTTP_REQUEST_MAX_RETRIES.get() == 3
     assert MLFLOW_HTTP_RESPECT_RETRY_AFTER_HEADER.get() is False
+
+
+# --- 7. Another spelling of the real spec: the same cell, another run id ------------------------
+
+def _respell(spec: dict, how: str) -> dict:
+    spec = copy.deepcopy(spec)
+    if how == "empty plugins":
+        spec["plugins"] = {}
+    elif how == "null plugins":
+        spec["plugins"] = None
+    elif how == "weight_decay 0 for 0.0":
+        spec["training"]["weight_decay"] = 0
+    elif how == "lr 1 for 1.0":
+        spec["training"]["lr"] = 1
+    elif how == "no method_version":
+        del spec["method_version"]
+    elif how == "extra dataset key":
+        spec["dataset"]["note"] = ""
+    return spec
+
+
+RESPELLINGS = ("empty plugins", "null plugins", "weight_decay 0 for 0.0", "lr 1 for 1.0", "no method_version",
+               "extra dataset key")
+
+
+@pytest.mark.parametrize("how", RESPELLINGS)
+def test_another_spelling_of_the_real_spec_never_hides_the_real_record(how, tmp_path, cli):
+    from harness.config.specs import TrainingSpec
+
+    real = record_json(training=TrainingSpec(lr=1.0, momentum=0.9, epochs=2, batch_size=32))
+    forged = copy.deepcopy(real)
+    forged["spec"] = _respell(real["spec"], how)
+    forged["run_id"] = run_id_of(forged["spec"])  # recomputed: the forger knows the hash
+    assert forged["run_id"] != real["run_id"]
+    write(tmp_path, real)
+    fake = write(tmp_path, forged)
+    counted, lines = notes(tmp_path)
+    assert counted == [real["run_id"]], lines  # before: both counted, one cell, and the view dropped both
+    assert len(lines) == 1 and str(fake) in lines[0], lines
+    code, out, err = cli("export", "--results", tmp_path, "--out", tmp_path / "t.csv")
+    assert code == 0, err
+    assert [r.split(",")[0] for r in (tmp_path / "t.csv").read_text().splitlines()[1:]] == [real["run_id"]]
+
+
+def test_key_order_is_no_spelling(tmp_path):
+    real = record_json()
+    real["spec"] = dict(reversed(list(real["spec"].items())))
+    real["spec"]["training"] = dict(reversed(list(real["spec"]["training"].items())))
+    path = write(tmp_path, dict(reversed(list(real.items()))))
+    assert notes(tmp_path) == ([path.stem], [])
