@@ -521,3 +521,40 @@ def test_key_order_is_no_spelling(tmp_path):
     real["spec"]["training"] = dict(reversed(list(real["spec"]["training"].items())))
     path = write(tmp_path, dict(reversed(list(real.items()))))
     assert notes(tmp_path) == ([path.stem], [])
+
+
+# --- 8. Torch hub weights are checked against the hash prefix in their name ------------------------
+
+def _resnet18_bytes() -> bytes:
+    import io
+
+    import torch
+    import torchvision
+
+    buffer = io.BytesIO()
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("content", ["other-resnet18-weights", "empty", "random-bytes"])
+def test_torch_hub_weights_that_do_not_match_their_name_are_one_line(content, tmp_path, monkeypatch):
+    import torch
+
+    from harness.config.errors import PretrainError
+    from harness.config.pretrain import parse_pretrain
+    from harness.config.specs import DatasetSpec
+    from harness.run.pretrain import pretrained_backbone, torchvision_weights_file
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    path = torchvision_weights_file("IMAGENET1K_V1")  # .../resnet18-f37072fd.pth: torch hub's name and hash prefix
+    path.parent.mkdir(parents=True)
+    data = {"other-resnet18-weights": _resnet18_bytes, "empty": lambda: b"",
+            "random-bytes": lambda: np.random.default_rng(1).bytes(4096)}[content]()
+    path.write_bytes(data)
+    spec = make_spec(pretrain=parse_pretrain({"torchvision": "IMAGENET1K_V1"}, "p.yaml", Path(".")),
+                     dataset=DatasetSpec("digits", 5, 2, "resnet18"))
+    with pytest.raises(PretrainError) as info:  # before: the other weights were used as ImageNet's
+        pretrained_backbone(spec, (1, 8, 8))
+    text = str(info.value)
+    assert "\n" not in text and str(path) in text and "f37072fd" in text and "not the file its name says" in text
+    assert torch.hub.get_dir() == str(tmp_path / "torch" / "hub")
