@@ -4,7 +4,9 @@ The socket guard (`no_network`) and the in-process CLI (`cli`) are in tests/conf
 """
 from __future__ import annotations
 
+import signal
 import textwrap
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,22 @@ def bad_method_files(tmp_path):
         files[name] = tmp_path / f"bad_{name}.py"
         files[name].write_text(textwrap.dedent(code))
     return files
+
+
+class Hung(BaseException):
+    """Not an OSError (as TimeoutError is): no `except OSError` on the way out may take it for a read error."""
+
+
+@contextmanager
+def deadline(seconds: int = 20):
+    """Fail instead of hanging (an open of a FIFO blocks until a writer comes)."""
+    def expired(*_):
+        raise Hung(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

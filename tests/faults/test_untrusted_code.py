@@ -11,10 +11,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
-import signal
 import sys
 import textwrap
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ from harness.config.errors import ProtocolError
 from harness.config.specs import failed_record
 from harness.execution.store import write_record
 
-from .conftest import REPO, tiny_protocol
+from .conftest import REPO, deadline, tiny_protocol
 
 # Imported, it leaves a marker file; it is a valid method file, so a loader that imports it goes on to run it.
 PAYLOAD = '''
@@ -41,21 +39,6 @@ PAYLOAD = '''
 
     ADAPTERS = (MethodAdapter({name!r}, {{}}, build, "a payload"),)
     '''
-
-
-@contextmanager
-def deadline(seconds: int = 20):
-    """Fail instead of hanging (an open() of a FIFO blocks until a writer comes)."""
-    def expired(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _implementation(path: Path) -> str:

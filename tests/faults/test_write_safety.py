@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,7 @@ from harness.config.errors import OutputError, ProtocolError
 from harness.config.files import TMP_MARK
 from harness.execution.store import discover_protocol_dirs, load_records, write_record
 
-from .conftest import tiny_protocol
+from .conftest import deadline, tiny_protocol
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "analysis" / "records.json"
 PROTO = "toy-proto"  # the fixture's protocol
@@ -379,25 +378,6 @@ def test_a_real_write_error_mid_file_is_one_line(results, tmp_path):
 
 
 # ------------------------------------------------------------------ files read from written folders: regular only
-
-class Hung(BaseException):
-    """Not an OSError (as TimeoutError is): no `except OSError` on the way out may take it for a read error."""
-
-
-@contextmanager
-def deadline(seconds: int = 20):
-    """Fail instead of hanging (an open of a FIFO blocks until a writer comes)."""
-    def expired(*_):
-        raise Hung(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
 
 def not_regular(path: Path, kind: str, outside: Path, monkeypatch) -> str:
     """Put a `kind` (fifo, folder, socket, link to a FIFO outside) at `path`; returns the words that name it."""
