@@ -4,6 +4,7 @@ from __future__ import annotations
 import types
 
 import pytest
+import torch
 
 from harness.api import contract
 from harness.api.registry import RegistryError, adapters_from_module
@@ -128,5 +129,16 @@ def test_the_readme_hook_table_lists_every_hook_of_the_contract():
     members = {name for hook in contract.StrategyHooks for name in vars(hook).get("__annotations__", {})}
     members |= {name for hook in contract.StrategyHooks for name, v in vars(hook).items()
                 if callable(v) and not name.startswith("_")}
-    assert members == {"harness_eval_model", "harness_diagnostics", "harness_prefix_cache", "stored_tensors"}
+    assert members == {"harness_eval_model", "harness_diagnostics", "harness_prefix_cache", "stored_tensors",
+                       "harness_memory"}
     assert members <= rows, members - rows
+
+
+def test_memory_use_sums_every_provider_and_counts_bytes():
+    a = torch.zeros(3, 4)  # 48 bytes of float32
+    b = torch.zeros(5, dtype=torch.long)  # 40 bytes
+    p = types.SimpleNamespace(harness_memory=lambda: contract.MemoryUse(samples=3, tensors=(a, b)))
+    q = types.SimpleNamespace(harness_memory=lambda: contract.MemoryUse(samples=2))
+    use = contract.memory_use(Strategy(p, object(), q))
+    assert (use.samples, use.bytes) == (5, 88)
+    assert contract.memory_use(Strategy(object())) is None

@@ -167,10 +167,32 @@ class StoredTensorsHook(Protocol):
     def stored_tensors(self) -> list: ...
 
 
+@dataclass(frozen=True)
+class MemoryUse:
+    """What a method keeps between tasks, for the record's compute accounting: `samples` stored
+    examples (a rehearsal buffer's rows; 0 for none) and every tensor it keeps (buffer inputs,
+    labels, stored logits, class means, Fisher matrices ...), whose bytes the harness counts."""
+
+    samples: int
+    tensors: tuple = ()
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the kept tensors (numel x element size; shared storage counted per tensor)."""
+        return int(sum(t.numel() * t.element_size() for t in self.tensors))
+
+
+@runtime_checkable
+class MemoryHook(Protocol):
+    """Reports what the method keeps between tasks (recorded after every task: samples and bytes)."""
+
+    def harness_memory(self) -> MemoryUse: ...
+
+
 # The optional hooks, all of them: the list a method author reads (submissions/README.md's hook table,
 # which tests/test_method_contract.py checks against it). The engine calls each through its own
 # function below (evaluated_model, collect_diagnostics, ...), never through this tuple.
-StrategyHooks = (EvalModelHook, DiagnosticsHook, PrefixCacheDeclaration, StoredTensorsHook)
+StrategyHooks = (EvalModelHook, DiagnosticsHook, PrefixCacheDeclaration, StoredTensorsHook, MemoryHook)
 # Set by the harness on a strategy with the fast data path: the minibatch-order generator,
 # which a method training in stages may save and restore (see methods/became.py).
 BATCH_GENERATOR_ATTRIBUTE = "harness_batch_generator"
@@ -233,3 +255,11 @@ def declared_prefix_cache(strategy) -> bool | None:
 def stored_tensors(strategy) -> list:
     """Every tensor the strategy's `stored_tensors()` providers keep between tasks."""
     return [t for obj in _providers(strategy, StoredTensorsHook) for t in obj.stored_tensors()]
+
+
+def memory_use(strategy) -> MemoryUse | None:
+    """The sum of every `harness_memory()` of the strategy and its plugins; None when none declares it."""
+    uses = [obj.harness_memory() for obj in _providers(strategy, MemoryHook)]
+    if not uses:
+        return None
+    return MemoryUse(samples=sum(int(u.samples) for u in uses), tensors=tuple(t for u in uses for t in u.tensors))
