@@ -32,7 +32,10 @@ def test_each_rule_fires_alone_and_names_its_task():
     probe = checks.run_warnings([[0.9, 0.5], [0.9, 0.79]], _checks(), "task-il")
     assert [(w["code"], w["task"]) for w in probe] == [("below-probe", 1)]  # 0.9 − 0.79 > 10 points
     assert checks.run_warnings([[0.9, 0.5], [0.9, 0.81]], _checks(), "task-il") == []
-    assert checks.run_warnings([[0.9, 0.5], [0.9, 0.79]], _checks(), "class-il") == []  # task-IL rule only
+    # class-IL: the same probe rule, on the task-aware matrix (tests/test_class_il_checks.py)
+    probe_cil = checks.run_warnings([[0.9, 0.5], [0.5, 0.79]], _checks(chance=0.25, task_chance=0.5), "class-il",
+                                    [[0.9, 0.5], [0.9, 0.79]])
+    assert [(w["code"], w["task"]) for w in probe_cil] == [("below-probe", 1)]
     flat = checks.run_warnings(good, _checks(loss_last=[0.1, 0.68]), "task-il")
     assert [(w["code"], w["task"]) for w in flat] == [("loss-flat", 1)]
     # a loss that was already small (below half of ln 2) is not "never fell"

@@ -199,8 +199,10 @@ SECONDS = (_size, "a finite number >= 0")
 ACCURACY = (lambda x: x is None or (_number(x) and 0.0 <= x <= 1.0), "an accuracy in [0, 1] or null")
 FINITE = (lambda x: x is None or (_number(x) and math.isfinite(x)), "a finite number or null")
 CHANCE = (lambda x: _number(x) and 0.0 < x <= 1.0, "a chance level in (0, 1]")
-CHECKS = {"chance": CHANCE, "n_test": COUNT, "probe_acc": ACCURACY, "trained_acc": ACCURACY,
+CHECKS = {"chance": CHANCE, "task_chance": CHANCE, "n_test": COUNT, "probe_acc": ACCURACY, "trained_acc": ACCURACY,
           "loss_first": FINITE, "loss_last": FINITE}
+# What a method keeps between tasks (MemoryHook), one entry per trained task; null where nothing declared it.
+MEMORY = ("memory_samples", "memory_bytes")
 
 
 def _measured(data: dict):
@@ -214,7 +216,8 @@ def _measured(data: dict):
     for key, value in data["params"].items():
         yield f"params.{key}", value, (SECONDS if key == "fraction" else COUNT)
     for key, value in data["budget"].items():
-        yield from ((name, x, COUNT) for name, x in _leaves(f"budget.{key}", value))
+        rule = OPTIONAL_COUNT if key in MEMORY else COUNT
+        yield from ((name, x, rule) for name, x in _leaves(f"budget.{key}", value))
     for key, value in data["timings"].items():
         yield from ((name, x, SECONDS) for name, x in _leaves(f"timings.{key}", value))
     norms = data["update_norms"]
@@ -228,8 +231,28 @@ def _measured(data: dict):
             yield from ((name, x, rule) for name, x in _leaves(f"checks.{key}", data["checks"][key]))
 
 
+def _memory_problem(data: dict) -> str | None:
+    """The budget's memory entries: both or neither, flat lists of one entry per trained task."""
+    budget, T = data["budget"], data["spec"]["dataset"]["n_tasks"]
+    found = [k for k in MEMORY if k in budget]
+    if not found:
+        return None
+    if len(found) != len(MEMORY):
+        return f"its budget has {found[0]} without {[k for k in MEMORY if k not in found][0]}"
+    lists = [budget[k] for k in MEMORY]
+    if not all(isinstance(v, list) and not any(isinstance(x, list) for x in v) for v in lists):
+        return f"its budget's {' and '.join(MEMORY)} are not lists of one entry per task"
+    n = len(lists[0])
+    if len(lists[1]) != n or n > T or (data["status"] == Status.OK and n != T):
+        return f"its budget's {' and '.join(MEMORY)} do not have one entry per trained task (of {T})"
+    return None
+
+
 def _range_problem(data: dict) -> str | None:
     """The first measured number (not a metric) out of its range, named by its field, or None."""
+    memory = _memory_problem(data)
+    if memory:
+        return memory
     for name, value, (ok, allowed) in _measured(data):
         if not ok(value):
             return f"its {name} is {show(value)}; allowed: {allowed}"
@@ -297,9 +320,9 @@ def _task_aware_problem(record: RunRecord) -> Problem | None:
 
 
 def _warnings_problem(record: RunRecord) -> Problem | None:
-    """A record's warnings must be exactly those its checks and accuracy matrix give (none removed)."""
+    """A record's warnings must be exactly those its checks and accuracy matrices give (none removed)."""
     try:
-        expected = run_warnings(record.acc_matrix, record.checks, record.spec.scenario)
+        expected = run_warnings(record.acc_matrix, record.checks, record.spec.scenario, record.acc_matrix_task_aware)
     except (TypeError, KeyError, ValueError, IndexError):
         return Problem("corrupt", "its learning checks are malformed")
     if record.warnings != expected:

@@ -3,19 +3,28 @@
 A record with a failed check carries a warning (`config.vocabulary.WARNINGS` names them) and is
 *flagged*: shown everywhere, left out of rankings unless the user asks (`--include-flagged`).
 
-- `chance`: R[t][t] ≤ chance + max(5 points, 3 binomial standard errors of chance on the task's
-  test set), chance = 1 / (outputs of the head that answers: classes per task in task-IL, all
-  classes in class-IL).
-- `below-probe` (task-IL): R[t][t] is more than 10 points below a logistic-regression probe fitted
-  on the trained model's own features of task t's training data (harness/run/probe.py): the
-  features can separate the task, the trained head does not.
+Each task is judged against its own chance, on what training reached on it right after training
+it (the *learned* accuracy): in task-IL R[t][t] (its head answers among the task's classes); in
+class-IL the task-aware accuracy A[t][t] (argmax over the task's own classes, the run's
+acc_matrix_task_aware), so collapsed features are flagged even where the class-IL accuracy of the
+newest task says little (its classes win the single head's argmax either way). The class-IL
+accuracy below the task-aware one is forgetting's and recency's measure, not a learning failure.
+
+- `chance`: learned ≤ chance + max(5 points, 3 binomial standard errors of chance on the task's
+  test set), chance = 1 / classes per task (task-IL: `checks["chance"]`, the head's; class-IL:
+  `checks["task_chance"]`, within the task).
+- `below-probe`: learned is more than 10 points below a logistic-regression probe fitted on the
+  trained model's own features of task t's training data (harness/run/probe.py; within the task's
+  classes in both scenarios): the features can separate the task, the trained head does not.
+- `loss-flat`: the mean training loss of the task's last 10 % of iterations is ≥ 95 % of its
+  first 10 % and still above half the loss of a uniform guess over the head's outputs,
+  ln(1 / checks["chance"]) (class-IL: ln(all classes)).
 
 The checks ask whether *training* learned each task. For a method that evaluates another model
-than the one it trains (a merge: θ0 + λ·merge), R[t][t] is the method's answer, not a sign of a
-short budget: the checks then use the trained model's accuracy on task t (`trained_acc`, task-IL),
-measured on the same test set. Elsewhere `trained_acc` is None and R[t][t] is used.
-- `loss-flat`: the mean training loss of the task's last 10 % of iterations is ≥ 95 % of its
-  first 10 % and still above half the loss of a uniform guess, ln(outputs).
+than the one it trains (a merge: θ0 + λ·merge; a method's own classifier), the evaluated accuracy
+is the method's answer, not a sign of a short budget: the checks then use the trained model's
+accuracy on task t (`trained_acc`: task-IL accuracy, class-IL task-aware accuracy), measured on
+the same test set. Elsewhere `trained_acc` is None and the evaluated learned accuracy is used.
 """
 from __future__ import annotations
 
@@ -56,16 +65,26 @@ def _warning(code: str, task: int, detail: str) -> dict:
 
 
 def task_warnings(t: int, learned: float, checks: dict, scenario: Scenario) -> list[dict]:
-    """The warnings of task t (0-based) given its accuracy right after training it."""
+    """The warnings of task t (0-based) given what training reached on it (`learned`, see run_warnings)."""
     out = []
-    chance, n_test = checks["chance"], checks["n_test"][t]
-    if learned <= chance_threshold(chance, n_test):
-        out.append(_warning("chance", t, f"{learned:.3f} with chance {chance:.3f} on {n_test} test samples"))
+    class_il = scenario == Scenario.CLASS_IL
+    n_test = checks["n_test"][t]
+    if class_il:
+        chance = checks["task_chance"]
+        if learned <= chance_threshold(chance, n_test):
+            out.append(_warning("chance", t, f"task-aware {learned:.3f} with chance {chance:.3f} within the task "
+                                             f"on {n_test} test samples"))
+    else:
+        chance = checks["chance"]
+        if learned <= chance_threshold(chance, n_test):
+            out.append(_warning("chance", t, f"{learned:.3f} with chance {chance:.3f} on {n_test} test samples"))
     probe = _at(checks.get("probe_acc"), t)
-    if scenario == Scenario.TASK_IL and probe is not None and probe - learned > PROBE_GAP:
-        out.append(_warning("below-probe", t, f"{learned:.3f} against a probe's {probe:.3f}"))
+    if probe is not None and probe - learned > PROBE_GAP:
+        what = "task-aware " if class_il else ""
+        out.append(_warning("below-probe", t, f"{what}{learned:.3f} against a probe's {probe:.3f}"))
     first, last = _at(checks.get("loss_first"), t), _at(checks.get("loss_last"), t)
-    scale = math.log(1 / chance) if chance > 0 else 0.0
+    head_chance = checks["chance"]
+    scale = math.log(1 / head_chance) if head_chance > 0 else 0.0
     if first is not None and last is not None and last >= LOSS_FELL * first and last > LOSS_LEARNED * scale:
         out.append(_warning("loss-flat", t, f"loss {first:.3f} at the start, {last:.3f} at the end"))
     return out
@@ -75,15 +94,30 @@ def _at(values, t):
     return values[t] if values is not None and t < len(values) else None
 
 
-def run_warnings(acc_matrix, checks: dict, scenario: Scenario) -> list[dict]:
-    """Every warning of a run, task by task, from its accuracy matrix and its measured checks."""
+def run_warnings(acc_matrix, checks: dict, scenario: Scenario, acc_matrix_task_aware=None) -> list[dict]:
+    """Every warning of a run, task by task, from its accuracy matrices and its measured checks.
+
+    `acc_matrix_task_aware`: a class-IL run's task-aware matrix (row for row with acc_matrix), whose
+    diagonal the class-IL checks judge; ignored in task-IL. ValueError when a class-IL run with
+    checks comes without it, or its checks without `task_chance`.
+    """
     if not checks or "chance" not in checks:
         return []
-    return [w for t, row in enumerate(acc_matrix) if t < len(row) and t < len(checks.get("n_test", []))
+    n_tasks = len(checks.get("n_test", []))
+    if scenario == Scenario.CLASS_IL:
+        if acc_matrix_task_aware is None or len(acc_matrix_task_aware) != len(acc_matrix):
+            raise ValueError("class-IL learning checks judge the task-aware matrix, row for row with acc_matrix")
+        if "task_chance" not in checks:
+            raise ValueError("class-IL learning checks need the within-task chance (checks.task_chance)")
+        judged = acc_matrix_task_aware
+    else:
+        judged = acc_matrix
+    return [w for t, row in enumerate(judged) if t < len(row) and t < n_tasks
             for w in task_warnings(t, _learned(t, row, checks), checks, scenario)]
 
 
 def _learned(t: int, row, checks: dict) -> float:
-    """What training reached on task t: the trained model's accuracy where a merge is evaluated, else R[t][t]."""
+    """What training reached on task t: the trained model's accuracy where another model is evaluated, else
+    the judged row's (R[t][t] in task-IL, the task-aware A[t][t] in class-IL)."""
     trained = _at(checks.get("trained_acc"), t)
     return float(trained) if trained is not None else float(row[t])

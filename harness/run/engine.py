@@ -89,7 +89,8 @@ class _Progress:
     n_blocks: int | None = None
     method: dict = field(default_factory=dict)  # provenance: where the method's code came from
     probe_acc: list = field(default_factory=list)
-    trained_acc: list = field(default_factory=list)  # the trained model's R[t][t] where a merge is evaluated
+    trained_acc: list = field(default_factory=list)  # the trained model's learned accuracy where another is evaluated
+    memory: list = field(default_factory=list)  # contract.memory_use(strategy) after each task (None: nothing declared)
     n_test: list = field(default_factory=list)
     plugin: HarnessPlugin | None = None  # counts the budget and keeps the losses
     pretrained: dict = field(default_factory=dict)  # provenance of a pretrained backbone
@@ -203,6 +204,7 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
         progress.trained_acc.append(_trained_accuracy(trained, evaluated, tasks[t], spec, device, progress))
         progress.snapshots.append(snapshot(shared_effective_weights(evaluated)))
         progress.diagnostics.update(contract.collect_diagnostics(strategy))
+        progress.memory.append(_memory_use(strategy))
         _check_test_data(tasks, fingerprints, t)
         if observer:
             observer("after_task", t, strategy)
@@ -378,13 +380,35 @@ def _timed_eval(model, tasks, spec, device, progress, evaluate) -> tuple:
 
 
 def _trained_accuracy(trained, evaluated, task, spec, device, progress) -> float | None:
-    """Task-IL accuracy of the trained model on the task it just trained, when it is not the evaluated one."""
-    if evaluated is trained or spec.scenario != Scenario.TASK_IL:
+    """What the trained model reached on the task it just trained, when it is not the evaluated one (a merge,
+    a method's own classifier): its task-IL accuracy, in class-IL its task-aware accuracy (the checks' rule)."""
+    if evaluated is trained:
         return None
     t0 = time.perf_counter()
-    acc = _accuracy_function(device, spec.eval_batch_size)(trained, task)
+    if spec.scenario == Scenario.TASK_IL:
+        acc = _accuracy_function(device, spec.eval_batch_size)(trained, task)
+    else:
+        acc = evaluate_class_il(trained, [task], spec.eval_batch_size, device, spec.dataset.classes_per_task)[1][0]
     progress.eval_s += time.perf_counter() - t0
     return acc
+
+
+def _memory_use(strategy) -> contract.MemoryUse | None:
+    """What the strategy and its plugins keep between tasks (MemoryHook), checked: a count of stored examples."""
+    use = contract.memory_use(strategy)
+    if use is not None and use.samples < 0:
+        raise ValueError(f"harness_memory() reported {use.samples} stored samples; a count of examples is >= 0")
+    return use
+
+
+def _budget(progress: _Progress) -> dict:
+    """The training budget (HarnessPlugin.budget) and, where the method declares what it keeps (MemoryHook),
+    `memory_samples`/`memory_bytes` after each task (null after a task where nothing declared it)."""
+    budget = progress.plugin.budget() if progress.plugin else {}
+    if any(m is not None for m in progress.memory):
+        budget["memory_samples"] = [None if m is None else m.samples for m in progress.memory]
+        budget["memory_bytes"] = [None if m is None else m.bytes for m in progress.memory]
+    return budget
 
 
 def _timed_probe(model, task, spec, device, progress) -> float | None:
@@ -400,10 +424,13 @@ def _checks(spec: RunSpec, progress: _Progress) -> dict:
         return {}
     windows = [loss_windows(losses) for losses in (progress.plugin.losses if progress.plugin else [])]
     outputs = head_outputs(spec.scenario, spec.dataset.n_tasks, spec.dataset.classes_per_task)
-    return {"chance": 1.0 / outputs, "n_test": list(progress.n_test), "probe_acc": list(progress.probe_acc),
-            "trained_acc": list(progress.trained_acc),
-            "loss_first": [w[0] if w else None for w in windows],
-            "loss_last": [w[1] if w else None for w in windows]}
+    checks = {"chance": 1.0 / outputs, "n_test": list(progress.n_test), "probe_acc": list(progress.probe_acc),
+              "trained_acc": list(progress.trained_acc),
+              "loss_first": [w[0] if w else None for w in windows],
+              "loss_last": [w[1] if w else None for w in windows]}
+    if spec.scenario == Scenario.CLASS_IL:  # a task judged within its own classes (checks.py)
+        checks["task_chance"] = 1.0 / spec.dataset.classes_per_task
+    return checks
 
 
 def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
@@ -417,9 +444,10 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
         norms["step_forgetting"] = step_forgetting(np.asarray(rows))
     n_blocks = progress.n_blocks
     checks = _checks(spec, progress)
+    task_aware = progress.rows_task_aware if spec.scenario == Scenario.CLASS_IL else None
     measured = dict(
-        budget=progress.plugin.budget() if progress.plugin else {}, checks=checks,
-        warnings=run_warnings(rows, checks, spec.scenario),
+        budget=_budget(progress), checks=checks,
+        warnings=run_warnings(rows, checks, spec.scenario, task_aware),
         acc_matrix=rows, init_acc=progress.init_acc, update_norms=norms, diagnostics=progress.diagnostics,
         params=progress.params, n_blocks=n_blocks,
         regime_depth=regime_depth(spec.regime, n_blocks) if n_blocks is not None else None,
