@@ -17,7 +17,9 @@ from .vocabulary import Scenario, Status
 # metrics (acc_matrix_task_aware, init_acc_task_aware, metrics_task_aware; None in task-IL).
 # 5: regimes beyond depth (bitfit, norm, lora-rR, last-k:...); params carry total_shared, adapters and the
 # trainable fraction; `pretrain` may be a pretrained backbone (a mapping: Pretrain.as_json); provenance.pretrained.
-SCHEMA_VERSION = 5
+# 6: class-IL learning checks judge each task within its own classes (checks.task_chance, the task-aware
+# matrix; below-probe and trained_acc in class-IL too); budget.memory_samples/memory_bytes per task (MemoryHook).
+SCHEMA_VERSION = 6
 
 
 @dataclass(frozen=True)
@@ -225,10 +227,16 @@ class RunRecord:
                    "drift": float|None, "step_forgetting": [None, f_2..f_T]}.
     budget: {"optimizer_steps", "samples_seen", "steps_per_task": [...], "samples_per_task": [...],
              "epochs_per_stage": [[epochs of each training stage] per task]} (HarnessPlugin.budget in
-             run/plugins.py).
-    checks: what the learning checks measured (chance level, linear-probe accuracy and first/last
-            training loss per task; see run/checks.py); warnings: [{"code", "task", "message"}],
-            one per failed check; a record with warnings is *flagged*.
+             run/plugins.py), and where the method declares what it keeps between tasks (api.contract.
+             MemoryHook) "memory_samples" (stored examples) and "memory_bytes" (bytes of every kept tensor),
+             one entry per trained task, taken after it (null after a task where nothing declared it);
+             both absent for a method that declares nothing.
+    checks: what the learning checks measured (chance level of the head, in class-IL also the
+            within-task chance `task_chance`; linear-probe accuracy, the trained model's accuracy
+            where another model is evaluated, and first/last training loss per task; see
+            run/checks.py); warnings: [{"code", "task", "message"}], one per failed check, exactly
+            run_warnings(acc_matrix, checks, scenario, acc_matrix_task_aware); a record with
+            warnings is *flagged*.
     acc_matrix_task_aware, init_acc_task_aware, metrics_task_aware (class-IL only, None in task-IL,
             whose acc_matrix is task-aware already): the same model and test sets, the prediction
             the argmax over task j's own classes (task id given at test time); shaped like

@@ -30,7 +30,7 @@ from conftest import ROOT, make_spec
 from hypothesis import given, settings, strategies as st
 
 from harness.config.metrics import all_metrics, step_forgetting
-from harness.config.specs import run_id_of
+from harness.config.specs import SCHEMA_VERSION, run_id_of
 from harness.config.vocabulary import Scenario
 from harness.execution.store import load_records
 from harness.execution.views import version_key, view_records
@@ -53,7 +53,7 @@ def record_json(status: str = "ok", **spec) -> dict:
              "per_block": {"fc1": [None, 0.5, 0.5, 0.5, 0.5]}, "drift": 3.0}
     if ok:
         norms["step_forgetting"] = step_forgetting(np.asarray(R))
-    return {"schema_version": 5, "run_id": run_id_of(spec), "status": status, "spec": spec,
+    return {"schema_version": SCHEMA_VERSION, "run_id": run_id_of(spec), "status": status, "spec": spec,
             "error": None if ok else "diverged: loss became nan", "acc_matrix": R, "init_acc": b,
             "metrics": all_metrics(R, b) if ok else {}, "update_norms": norms,
             "diagnostics": {}, "params": {"trainable": 1010, "total": 38610, "fraction": 0.026, "adapters": 0},
