@@ -18,6 +18,7 @@ import torch
 
 from ..api import contract
 from ..api.contract import MethodContext, make_optimizer
+from ..api.heads import SeenClassesLoss
 from ..api.one_row import note_row_extents
 from ..api.plugins import used_plugins
 from ..api.registry import get_registry
@@ -177,13 +178,15 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     apply_regime(model, first_regime)
     harness_plugin = progress.plugin = HarnessPlugin()
     progress.n_test = [len(t.y_test) for t in tasks]
-    strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks, progress)
+    criterion = run_criterion(spec)
+    strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks, progress, criterion)
     _check_test_data(tasks, fingerprints, None)
     evaluate = _evaluator(spec)
     progress.init_acc, progress.init_task_aware = _timed_eval(model, tasks, spec, device, progress, evaluate)
     for t, experience in enumerate(to_avalanche(host_tasks, resident=tasks).train_stream):
         t0 = time.perf_counter()
         apply_regime(strategy.model, first_regime if t == 0 else spec.regime)
+        seen = _see_classes(criterion, spec, t)
         before = frozen_state(strategy.model)
         if observer:
             observer("before_task", t, strategy)
@@ -194,7 +197,7 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
                                "with **ctx.strategy_kwargs() or pass plugins=list(ctx.plugins)", Breach.PLUGINS)
         evaluated = contract.evaluated_model(strategy)
         progress.per_task_s.append(time.perf_counter() - t0)
-        row, row_task_aware = _timed_eval(evaluated, tasks, spec, device, progress, evaluate)
+        row, row_task_aware = _timed_eval(evaluated, tasks, spec, device, progress, evaluate, seen)
         progress.rows.append(row)
         progress.rows_task_aware.append(row_task_aware)
         # Learning checks examine training: a method that evaluates another model (a merge) is checked
@@ -308,13 +311,28 @@ def _resolve_adapter(spec: RunSpec, method_files, progress: _Progress):
     return adapter
 
 
-def _build_strategy(spec, model, harness_plugin, device, method_files, tasks=(), progress=None):
+def run_criterion(spec: RunSpec) -> torch.nn.Module:
+    """The run's training loss: cross-entropy; in class-IL over the seen classes only (a growing head)."""
+    return SeenClassesLoss() if spec.scenario == Scenario.CLASS_IL else torch.nn.CrossEntropyLoss()
+
+
+def _see_classes(criterion, spec: RunSpec, t: int) -> int | None:
+    """Before task t (0-based): the classes seen once it trains, which the class-IL loss and argmax cover."""
+    if spec.scenario != Scenario.CLASS_IL:
+        return None
+    seen = (t + 1) * spec.dataset.classes_per_task
+    if isinstance(criterion, SeenClassesLoss):
+        criterion.seen = seen
+    return seen
+
+
+def _build_strategy(spec, model, harness_plugin, device, method_files, tasks=(), progress=None, criterion=None):
     from avalanche.training.templates import BaseTemplate
 
     adapter = _resolve_adapter(spec, method_files, progress or _Progress())
     ctx = MethodContext(
         model=model, optimizer=make_optimizer(spec.training, (p for p in model.parameters() if p.requires_grad)),
-        criterion=torch.nn.CrossEntropyLoss(), train_mb_size=spec.training.batch_size,
+        criterion=run_criterion(spec) if criterion is None else criterion, train_mb_size=spec.training.batch_size,
         eval_mb_size=spec.eval_batch_size, train_epochs=spec.training.epochs, device=device,
         plugins=(harness_plugin,), n_tasks=spec.dataset.n_tasks, regime=spec.regime,
         pretrain=spec.pretrain, scenario=spec.scenario, seed=spec.seed, training=spec.training,
@@ -362,19 +380,22 @@ def _accuracy_function(device, batch_size: int):
 
 
 def _evaluator(spec: RunSpec):
-    """evaluate(model, tasks, batch_size, device) -> (row, task-aware row; None in task-IL)."""
+    """evaluate(model, tasks, batch_size, device, seen) -> (row, task-aware row; None in task-IL).
+
+    `seen`: the classes seen so far in class-IL (the argmax runs over their columns; None: all)."""
     if spec.scenario == Scenario.TASK_IL:  # one head per task: the row already is task-aware
         plain = eval_function()
-        return lambda model, tasks, batch_size, device: (plain(model, tasks, batch_size, device), None)
+        return lambda model, tasks, batch_size, device, seen=None: (plain(model, tasks, batch_size, device), None)
     # Both class-IL rows come from the same logits; the test-set prefix cache (EvalCache) only
     # counts the unmasked argmax, so class-IL evaluates uncached rather than run the model twice.
     cpt = spec.dataset.classes_per_task
-    return lambda model, tasks, batch_size, device: evaluate_class_il(model, tasks, batch_size, device, cpt)
+    return lambda model, tasks, batch_size, device, seen=None: evaluate_class_il(model, tasks, batch_size, device,
+                                                                                 cpt, seen)
 
 
-def _timed_eval(model, tasks, spec, device, progress, evaluate) -> tuple:
+def _timed_eval(model, tasks, spec, device, progress, evaluate, seen=None) -> tuple:
     t0 = time.perf_counter()
-    accs = evaluate(model, tasks, spec.eval_batch_size, device)
+    accs = evaluate(model, tasks, spec.eval_batch_size, device, seen)
     progress.eval_s += time.perf_counter() - t0
     return accs
 

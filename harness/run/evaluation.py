@@ -37,13 +37,14 @@ def task_accuracy(model, x: torch.Tensor, y: torch.Tensor, task: int, batch_size
 
 @torch.no_grad()
 def class_il_accuracies(model, x: torch.Tensor, y: torch.Tensor, task: int, columns: tuple[int, int],
-                        batch_size: int, device: torch.device) -> tuple[float, float]:
-    """(class-IL, task-aware) accuracy on (x, y): full argmax and argmax over `columns`, same logits."""
+                        batch_size: int, device: torch.device, seen: int | None = None) -> tuple[float, float]:
+    """(class-IL, task-aware) accuracy on (x, y): argmax over the first `seen` columns (None: all) and
+    argmax over `columns`, same logits."""
     if len(y) == 0:
         return float("nan"), float("nan")
     correct = masked = 0
     for logits, yb in _batch_logits(model, x, y, task, batch_size, device):
-        correct += int((logits.argmax(dim=1) == yb).sum())
+        correct += masked_correct(logits, yb, (0, seen if seen is not None else logits.shape[1]))
         masked += masked_correct(logits, yb, columns)
     return correct / len(y), masked / len(y)
 
@@ -59,13 +60,14 @@ def evaluate_tasks(model, tasks, batch_size: int, device: torch.device) -> list:
 
 
 def evaluate_class_il(model, tasks, batch_size: int, device: torch.device,
-                      classes_per_task: int) -> tuple[list, list]:
-    """(class-IL row, task-aware row) over every task's test set, one forward pass per batch, in eval mode."""
+                      classes_per_task: int, seen: int | None = None) -> tuple[list, list]:
+    """(class-IL row, task-aware row) over every task's test set, one forward pass per batch, in eval mode;
+    the class-IL argmax runs over the first `seen` classes' columns (those seen so far; None: all)."""
     was_training = model.training
     model.eval()
     try:
         pairs = [class_il_accuracies(model, t.x_test, t.y_test, t.index, task_columns(t.index, classes_per_task),
-                                     batch_size, device) for t in tasks]
+                                     batch_size, device, seen) for t in tasks]
     finally:
         model.train(was_training)
     return [p[0] for p in pairs], [p[1] for p in pairs]
