@@ -13,9 +13,9 @@ import random
 import harness.compat  # noqa: F401
 
 import torch
-from avalanche.training.plugins import AGEMPlugin, ReplayPlugin
+from avalanche.training.plugins import AGEMPlugin, GEMPlugin, ReplayPlugin
 
-from ..api.contract import MethodAdapter, Range, dataset_tensors
+from ..api.contract import MemoryUse, MethodAdapter, Range, dataset_tensors
 
 # Seed offsets of the memory samplers' generators (independent of the training batch order).
 REPLAY_STREAM, AGEM_STREAM = 29, 31
@@ -106,8 +106,11 @@ class BalancedReservoir:
         self.groups = [tuple(v[:k] for v in group) for group, k in zip(self.groups, lengths)]
 
     def rows(self) -> tuple:
-        """`(x, y, t)` of every group, in group order."""
-        return tuple(torch.cat([g[i] for g in self.groups]) for i in range(3))
+        """`(x, y, t)` of every group, in group order; the groups become views of them (one copy kept)."""
+        rows = tuple(torch.cat([g[i] for g in self.groups]) for i in range(3))
+        lengths = [len(g[1]) for g in self.groups]
+        self.groups = list(zip(*(r.split(lengths) for r in rows)))
+        return rows
 
 
 class TensorReplayPlugin(ReplayPlugin):
@@ -130,6 +133,12 @@ class TensorReplayPlugin(ReplayPlugin):
     def after_training_exp(self, strategy, **kwargs):
         self.reservoir.add(*rows_of(strategy.experience.dataset, device=strategy.device))
         self.sampler = MemorySampler(*self.reservoir.rows(), self.generator)
+
+    def harness_memory(self) -> MemoryUse:
+        """The buffer's rows (x, y, task labels; the reservoir's groups are views of them)."""
+        if self.sampler is None:
+            return MemoryUse(samples=0)
+        return MemoryUse(samples=len(self.sampler), tensors=(self.sampler.x, self.sampler.y, self.sampler.t))
 
 
 class TensorAGEMPlugin(AGEMPlugin):
@@ -154,6 +163,11 @@ class TensorAGEMPlugin(AGEMPlugin):
         self.samplers.append(MemorySampler(*rows_of(dataset, indices, device), generator))
         self.buffers.append(self.samplers[-1])  # A-GEM's own code checks `len(self.buffers) > 0`
 
+    def harness_memory(self) -> MemoryUse:
+        """Every task memory's rows (x, y, task labels)."""
+        return MemoryUse(samples=sum(len(s) for s in self.samplers),
+                         tensors=tuple(v for s in self.samplers for v in (s.x, s.y, s.t)))
+
     def sample_from_memory(self):
         """`[x, y, t]`: the next sample_size // k rows of every task memory, in task order."""
         per_task = self.sample_size // len(self.samplers)
@@ -165,8 +179,19 @@ def build_gem(ctx, patterns_per_exp: int, memory_strength: float):
     """Gradient Episodic Memory (needs a QP solver: qpsolvers[quadprog])."""
     from avalanche.training.supervised import GEM
 
-    return GEM(patterns_per_exp=int(patterns_per_exp), memory_strength=float(memory_strength),
-               **ctx.strategy_kwargs())
+    class ReportingGEM(GEM):
+        """Avalanche's GEM, unchanged, reporting its GEMPlugin's memories."""
+
+        def harness_memory(self) -> MemoryUse:
+            """Every task memory's rows (x, y, task labels; not the gradient matrix G, which each
+            training iteration recomputes from them)."""
+            plugin = next(p for p in self.plugins if isinstance(p, GEMPlugin))
+            parts = (plugin.memory_x, plugin.memory_y, plugin.memory_tid)
+            return MemoryUse(samples=sum(len(v) for v in plugin.memory_y.values()),
+                             tensors=tuple(v for part in parts for v in part.values()))
+
+    return ReportingGEM(patterns_per_exp=int(patterns_per_exp), memory_strength=float(memory_strength),
+                        **ctx.strategy_kwargs())
 
 
 def build_agem(ctx, patterns_per_exp: int, sample_size: int):
