@@ -210,12 +210,12 @@ class TensorBiCPlugin(SupervisedPlugin):
         return {"bic_alpha": list(self.alphas), "bic_beta": list(self.betas)}
 
     def harness_memory(self) -> MemoryUse:
-        kept = list(self.reservoir.rows()) if self.reservoir.groups else []
-        kept += list(self.val.rows() or ())
-        for module in (self.model_old, self.bias_layer):
+        replayed = self.reservoir.rows() if self.reservoir.groups else ()
+        kept = [*replayed, *(self.val.rows() or ())]
+        for module in (self.model_old, self.bias_layer):  # the previous model's copy, the bias layer
             if module is not None:
                 kept += [*module.parameters(), *module.buffers()]
-        samples = (len(kept[1]) if self.reservoir.groups else 0) + len(self.val)
+        samples = (len(replayed[1]) if replayed else 0) + len(self.val)
         return MemoryUse(samples=samples, tensors=tuple(kept))
 
 

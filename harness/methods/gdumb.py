@@ -22,7 +22,8 @@ of, the one model object), so here:
 
 In task-IL the labels are task-local, so the memory is balanced over (task, label) pairs instead of
 labels (Avalanche's would merge the classes of different tasks). Official code: drimpossible/GDumb
-(src/main.py: the greedy class-balanced sampler, a model re-initialised before each fit).
+(src/dataloader.py: the class-balanced greedy sampler, which keeps each class's first rows — Avalanche's
+per-class reservoir keeps random ones, as here; src/main.py: a fresh model fitted to the memory).
 """
 from __future__ import annotations
 
