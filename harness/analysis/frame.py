@@ -9,15 +9,16 @@ import pandas as pd
 from ..config.metrics import METRIC_NAMES
 from ..config.specs import RunRecord
 from ..config.text import terminal_safe
-from ..config.vocabulary import WARNINGS, Status, regime_sort_key, written_family
+from ..config.vocabulary import WARNINGS, Scenario, Status, regime_sort_key, written_family
 
 # `ranked`: the run enters the rank statistics (ok, and not flagged unless flagged runs are
 # included); it is the one place that policy is decided, every unit matrix reads it.
-COLUMNS = ("run_id", "status", "error", "protocol", "protocol_version", "dataset",
+COLUMNS = ("run_id", "status", "error", "protocol", "protocol_version", "dataset", "scenario",
            "regime", "family", "regime_depth", "n_blocks", "method", "method_name", "order", "seed",
            *METRIC_NAMES, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware",
            "trainable_params", "total_params", "trainable_fraction", "total_s", "is_submission",
-           "optimizer_steps", "samples_seen", "n_warnings", "warning_codes", "flagged", "ranked")
+           "optimizer_steps", "samples_seen", "memory_samples", "memory_bytes", "n_warnings", "warning_codes",
+           "flagged", "ranked")
 FLAG = "⚑"  # marks cells with flagged runs, in the terminal summary and on the site
 
 
@@ -29,6 +30,12 @@ def _num(x) -> float:
         return float(x)
     except (TypeError, ValueError):
         return math.nan
+
+
+def _last(values) -> float:
+    """The last entry of a per-task list (what a method keeps after the final task); NaN when the
+    list is missing or empty (a method that declares no memory), or its last entry is."""
+    return _num(values[-1]) if isinstance(values, (list, tuple)) and values else math.nan
 
 
 def _mean_norm(shared) -> float:
@@ -63,7 +70,7 @@ def _row(rec: RunRecord) -> dict:
     return {
         "run_id": rec.run_id, "status": rec.status, "error": rec.error,
         "protocol": spec.protocol, "protocol_version": spec.protocol_version,
-        "dataset": rec.dataset, "regime": spec.regime, "family": family_of(spec.regime),
+        "dataset": rec.dataset, "scenario": str(spec.scenario), "regime": spec.regime, "family": family_of(spec.regime),
         "regime_depth": _num(rec.regime_depth), "n_blocks": _num(rec.n_blocks),
         "method": rec.method, "method_name": spec.method, "order": int(spec.order), "seed": int(spec.seed),
         **{m: _num(metrics.get(m)) for m in METRIC_NAMES},
@@ -79,6 +86,9 @@ def _row(rec: RunRecord) -> dict:
         "is_submission": bool(rec.submission),
         "optimizer_steps": _num(budget.get("optimizer_steps")),
         "samples_seen": _num(budget.get("samples_seen")),
+        # what the method keeps between tasks after the last one (MemoryHook); NaN when it declares nothing
+        "memory_samples": _last(budget.get("memory_samples")),
+        "memory_bytes": _last(budget.get("memory_bytes")),
         "n_warnings": len(rec.warnings or []),
         "warning_codes": ",".join(warning_codes(rec.warnings)),
         "flagged": rec.flagged,
@@ -126,34 +136,42 @@ def percent_scale(frame: pd.DataFrame) -> float:
 
 
 def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per dataset, method x regime: mean ACC and forgetting over ok runs, n ok, n not-ok, n flagged."""
-    cols = ["dataset", "method", "regime", "acc", "forgetting", "n", "n_failed", "n_flagged"]
+    """Per dataset and scenario, method x regime: mean ACC (and, for class-IL runs, task-aware ACC) and
+    forgetting over ok runs, n ok, n not-ok, n flagged. Task-IL and class-IL runs are never one cell."""
+    cols = ["dataset", "scenario", "method", "regime", "acc", "acc_task_aware", "forgetting", "n", "n_failed",
+            "n_flagged"]
     if frame.empty:
         return pd.DataFrame(columns=cols)
-    keys = ["dataset", "method", "regime"]
+    keys = ["dataset", "scenario", "method", "regime"]
     ok = frame["status"] == Status.OK
     g = frame.assign(n=ok.astype(int), n_failed=(~ok).astype(int), n_flagged=frame["flagged"].astype(int),
-                     acc=frame["acc"].where(ok), forgetting=frame["forgetting"].where(ok))
-    out = g.groupby(keys, sort=False).agg(acc=("acc", "mean"), forgetting=("forgetting", "mean"),
-                                         n=("n", "sum"), n_failed=("n_failed", "sum"),
-                                         n_flagged=("n_flagged", "sum"))
+                     acc=frame["acc"].where(ok), forgetting=frame["forgetting"].where(ok),
+                     acc_task_aware=frame["acc_task_aware"].where(ok))
+    out = g.groupby(keys, sort=False).agg(acc=("acc", "mean"), acc_task_aware=("acc_task_aware", "mean"),
+                                         forgetting=("forgetting", "mean"), n=("n", "sum"),
+                                         n_failed=("n_failed", "sum"), n_flagged=("n_flagged", "sum"))
     out = out.reset_index()
     rank = {r: i for i, r in enumerate(regime_order(frame))}
     out["_r"] = out["regime"].map(rank)
-    out = out.sort_values(["dataset", "method", "_r"], kind="stable").drop(columns="_r")
+    out = out.sort_values(["dataset", "scenario", "method", "_r"], kind="stable").drop(columns="_r")
     return out[cols].reset_index(drop=True)
 
 
 def format_summary(frame: pd.DataFrame) -> str:
-    """Compact plain-text table: per dataset, method rows x regime columns, 'ACC/F (n)' in %."""
+    """Compact plain-text table: per dataset (and scenario), method rows x regime columns, 'ACC/F (n)' in %;
+    class-IL cells 'ACC/TA/F (n)' with TA the task-aware ACC of the same runs."""
     table = summary_table(frame)
     if table.empty:
         return "no runs"
     scale = percent_scale(frame)
     regimes = regime_order(frame)
+    scenarios = set(table["scenario"])
     lines = ["cells: ACC % / forgetting % (ok runs[, !failed]); mean over task orders and seeds"]
-    for ds, sub in table.groupby("dataset", sort=True):
-        lines += ["", f"dataset: {terminal_safe(ds)}", *_dataset_lines(sub, regimes, scale)]
+    if Scenario.CLASS_IL in scenarios:
+        lines.append("class-IL cells: class-IL ACC % / task-aware ACC % (TA, same runs) / forgetting %")
+    for (ds, sc), sub in table.groupby(["dataset", "scenario"], sort=True):
+        head = f"dataset: {ds}" + (f" ({sc})" if len(scenarios) > 1 else "")
+        lines += ["", terminal_safe(head), *_dataset_lines(sub, regimes, scale, sc == Scenario.CLASS_IL)]
     return "\n".join(lines + _flag_footer(frame))
 
 
@@ -170,9 +188,9 @@ def _flag_footer(frame: pd.DataFrame) -> list[str]:
             *(terminal_safe(f"  {c}: {WARNINGS[c]}" if c in WARNINGS else f"  {c}") for c in codes)]
 
 
-def _dataset_lines(sub: pd.DataFrame, regimes, scale: float) -> list[str]:
+def _dataset_lines(sub: pd.DataFrame, regimes, scale: float, task_aware: bool = False) -> list[str]:
     """Header and one line per method; labels come from user files, so they are escaped first."""
-    cells = {(r.method, r.regime): _cell(r, scale) for r in sub.itertuples()}
+    cells = {(r.method, r.regime): _cell(r, scale, task_aware) for r in sub.itertuples()}
     present = [r for r in regimes if r in set(sub["regime"])]
     methods = list(dict.fromkeys(sub["method"]))
     rows = [["method", *map(terminal_safe, present)]]
@@ -182,12 +200,15 @@ def _dataset_lines(sub: pd.DataFrame, regimes, scale: float) -> list[str]:
     return [_fmt_line(row, width) for row in rows]
 
 
-def _cell(r, scale: float) -> str:
-    acc = "n/a" if math.isnan(r.acc) else f"{r.acc * scale:.1f}"
-    fgt = "n/a" if math.isnan(r.forgetting) else f"{r.forgetting * scale:.1f}"
+def _cell(r, scale: float, task_aware: bool = False) -> str:
+    acc = _pct(r.acc, scale) + (f"/{_pct(r.acc_task_aware, scale)}" if task_aware else "")
     failed = f", !{r.n_failed}" if r.n_failed else ""
     flag = f" {FLAG}{r.n_flagged}" if r.n_flagged else ""
-    return f"{acc}/{fgt} ({r.n}{failed}){flag}"
+    return f"{acc}/{_pct(r.forgetting, scale)} ({r.n}{failed}){flag}"
+
+
+def _pct(x: float, scale: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x * scale:.1f}"
 
 
 def _fmt_line(items, width) -> str:

@@ -1,8 +1,10 @@
 """What `analyse(records)` returns: every leaderboard table, by name, in one frozen value.
 
 Each field is always there (a table with no rows when nothing applies), so a consumer reads
-`result.bayes`, never asks whether a table exists. Rank statistics leave flagged runs and
-degenerate regimes out (see tables.analyse); the metric tables count every run.
+`result.bayes`, never asks whether a table exists. The scenario (task-IL, class-IL) is part of every
+key: each table has a `scenario` column, and rankings and comparisons are made within one scenario.
+Rank statistics leave flagged runs and degenerate regimes out (see tables.analyse); the metric
+tables count every run.
 """
 from __future__ import annotations
 
@@ -53,7 +55,10 @@ class AnalysisResult:
     depth_profile: pd.DataFrame  # (dataset, regime): norm and forgetting against the trainable fraction
     depth_trend: pd.DataFrame  # (dataset, quantity): Spearman rho with the regime's size rank
     step_level: pd.DataFrame  # (dataset, regime): per-task update norm vs per-task forgetting
-    budget: pd.DataFrame  # per method: mean steps and samples, steps relative to the median method
+    # (dataset, regime) of class-IL records: tau between the task-aware and the class-IL ranking of the
+    # same runs, beside the tau between this regime and the others (class-IL rankings)
+    scenario_tau: pd.DataFrame
+    budget: pd.DataFrame  # per method: mean steps, samples and memory kept, steps relative to the median method
     flagged: pd.DataFrame  # one row per flagged record: where it ran and its warnings
     settings: AnalysisSettings
 
@@ -61,8 +66,14 @@ class AnalysisResult:
         """Every table by its field name, in field order (settings is not a table)."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "settings"}
 
-    def of_dataset(self, dataset: str) -> AnalysisResult:
-        """The tables cut to one data set's rows; those pooled over data sets (no dataset column:
-        global_ranks, budget) stay whole."""
-        return replace(self, **{name: df[df["dataset"] == dataset] for name, df in self.tables().items()
-                                if "dataset" in df.columns})
+    def of_dataset(self, dataset: str, scenario: str | None = None) -> AnalysisResult:
+        """The tables cut to one data set's rows (of one scenario, when given); those pooled over data
+        sets (no dataset column: global_ranks, budget) stay whole, or are cut to the scenario."""
+        cut = self.of_scenario(scenario) if scenario is not None else self
+        return replace(cut, **{name: df[df["dataset"] == dataset] for name, df in cut.tables().items()
+                               if "dataset" in df.columns})
+
+    def of_scenario(self, scenario: str) -> AnalysisResult:
+        """The tables cut to one scenario's rows."""
+        return replace(self, **{name: df[df["scenario"] == scenario] for name, df in self.tables().items()
+                                if "scenario" in df.columns})

@@ -5,17 +5,18 @@ import math
 
 import pandas as pd
 
-from harness.analysis import correlations, curves, decisions, families, power, ranks, stats
+from harness.analysis import correlations, curves, decisions, families, power, ranks, scenarios, stats
 from harness.analysis.coverage import Cells, coverage_table
 from harness.analysis.degenerate import degenerate_regimes, degenerate_table
 from harness.analysis.frame import percent_scale, records_to_frame, regime_order, warning_codes
 from harness.analysis.result import AnalysisResult, AnalysisSettings
 from harness.config.metrics import METRIC_NAMES
-from harness.config.vocabulary import Status
+from harness.config.vocabulary import Scenario, Status
 
 # acc/forgetting_task_aware: class-IL runs' masked (task-id given) view; NaN for task-IL runs
 VALUES = (*METRIC_NAMES, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware")
-BUDGET = ("optimizer_steps", "samples_seen")  # mean only: a budget is set by the protocol, not sampled
+# mean only: a budget is set by the protocol, not sampled; memory: what the method keeps after the last task
+BUDGET = ("optimizer_steps", "samples_seen", "memory_samples", "memory_bytes")
 
 
 def metric_table(frame: pd.DataFrame, seed: int = stats.SEED) -> pd.DataFrame:
@@ -48,11 +49,13 @@ def _codes(column: pd.Series) -> str:
 
 
 def budget_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per method: mean optimizer steps and samples over ok runs, and steps relative to the median method.
+    """Per method: mean optimizer steps and samples over ok runs, steps relative to the median method,
+    and the memory it keeps after the last task (stored samples and bytes; NaN: declares none).
 
     The ratio is taken per dataset (budgets differ between datasets), then averaged over them.
     """
-    cols = ["method", "optimizer_steps", "samples_seen", "relative_steps", "n_datasets"]
+    cols = ["method", "optimizer_steps", "samples_seen", "relative_steps", "memory_samples", "memory_bytes",
+            "n_datasets"]
     ok = frame[(frame["status"] == Status.OK) & frame["optimizer_steps"].notna()]
     if ok.empty:
         return pd.DataFrame(columns=cols)
@@ -62,22 +65,25 @@ def budget_table(frame: pd.DataFrame) -> pd.DataFrame:
     out = per.groupby("method").agg(optimizer_steps=("optimizer_steps", "mean"),
                                     samples_seen=("samples_seen", "mean"),
                                     relative_steps=("relative_steps", "mean"),
+                                    memory_samples=("memory_samples", "mean"),
+                                    memory_bytes=("memory_bytes", "mean"),
                                     n_datasets=("dataset", "nunique")).reset_index()
     return out[cols].sort_values("method").reset_index(drop=True)
 
 
 def flagged_table(records, regimes=()) -> pd.DataFrame:
     """One row per flagged record: where it ran, its warning codes and its first warning's message."""
-    cols = ["run_id", "dataset", "regime", "method", "order", "seed", "status", "n_warnings",
+    cols = ["run_id", "dataset", "scenario", "regime", "method", "order", "seed", "status", "n_warnings",
             "codes", "first_message"]
-    rows = [{"run_id": r.run_id, "dataset": r.dataset, "regime": r.spec.regime, "method": r.method,
+    rows = [{"run_id": r.run_id, "dataset": r.dataset, "scenario": str(r.spec.scenario), "regime": r.spec.regime,
+             "method": r.method,
              "order": int(r.spec.order), "seed": int(r.spec.seed), "status": r.status,
              "n_warnings": len(r.warnings), "codes": ",".join(warning_codes(r.warnings)),
              "first_message": str(r.warnings[0].get("message", ""))}
             for r in records if r.flagged]
     pos = {r: i for i, r in enumerate(regimes)}
     out = pd.DataFrame(rows, columns=cols).assign(_r=lambda d: d["regime"].map(pos))
-    out = out.sort_values(["dataset", "_r", "method", "order", "seed"], kind="stable")
+    out = out.sort_values(["dataset", "scenario", "_r", "method", "order", "seed"], kind="stable")
     return out.drop(columns="_r").reset_index(drop=True)
 
 
@@ -85,12 +91,41 @@ def analyse(records, seed: int = stats.SEED, include_flagged: bool = False,
             rope: float = decisions.ROPE_POINTS) -> AnalysisResult:
     """Every leaderboard table (result.py); `runs` is the tidy per-run frame they come from.
 
-    Flagged runs (learning-check warnings) are left out of every rank statistic, as missing
-    cells, unless include_flagged; the metric tables always include and count them.
-    Degenerate regimes (every method ties) are left out of tau, W and credible reversals.
+    The scenario is part of every key: the records of each scenario are analysed on their own (a
+    board merging task-IL and class-IL results never ranks one against the other) and every table
+    gets a `scenario` column. Flagged runs (learning-check warnings) are left out of every rank
+    statistic, as missing cells, unless include_flagged; the metric tables always include and count
+    them. Degenerate regimes (every method ties) are left out of tau, W and credible reversals.
     rope: region of practical equivalence of the Bayesian comparisons, in ACC points.
     """
     frame = records_to_frame(records, include_flagged)
+    scenarios = sorted(frame["scenario"].unique()) or [None]
+    parts = []
+    for sc in scenarios:
+        mine = records if sc is None else [r for r in records if str(r.spec.scenario) == sc]
+        sub = frame if len(scenarios) == 1 else frame[frame["scenario"] == sc].reset_index(drop=True)
+        parts.append((sc, _tables(mine, sub, seed, rope)))
+    tables = {name: _with_scenario([(sc, t[name]) for sc, t in parts]) for name in parts[0][1]}
+    rope_acc = decisions.rope_fraction(rope, percent_scale(frame))
+    return AnalysisResult(runs=frame, **tables, flagged=flagged_table(records, regime_order(frame)),
+                          settings=AnalysisSettings(rope_points=float(rope), rope=rope_acc,
+                                                    credible=decisions.bayes.CREDIBLE, alpha=power.ALPHA,
+                                                    include_flagged=include_flagged))
+
+
+def _with_scenario(parts: list) -> pd.DataFrame:
+    """The scenarios' tables of one name as one, with a `scenario` column after `dataset` (else first)."""
+    out = []
+    for sc, df in parts:
+        pos = list(df.columns).index("dataset") + 1 if "dataset" in df.columns else 0
+        df = df.copy()
+        df.insert(pos, "scenario", pd.Series([sc] * len(df), index=df.index, dtype=object))
+        out.append(df)
+    return out[0] if len(out) == 1 else pd.concat(out, ignore_index=True)
+
+
+def _tables(records, frame: pd.DataFrame, seed: int, rope: float) -> dict[str, pd.DataFrame]:
+    """The tables of one scenario's records (`frame`: their rows of the tidy frame), by AnalysisResult field."""
     cells = Cells(frame)
     mt = metric_table(frame, seed)
     mr = ranks.mean_ranks(frame, cells, seed)
@@ -103,8 +138,7 @@ def analyse(records, seed: int = stats.SEED, include_flagged: bool = False,
     reversals = _with_credible(ranks.rank_reversals(frame, cells, skip=skip), credible, bayes)
     tau = ranks.regime_agreement(frame, cells, seed, skip)
     family_tau = families.family_tau(tau, order)
-    return AnalysisResult(
-        runs=frame,
+    return dict(
         coverage=coverage_table(frame),
         methods=mt.merge(mr, on=["dataset", "regime", "method"], how="left"),
         order_ranks=ranks.order_ranks(frame, cells),
@@ -132,10 +166,9 @@ def analyse(records, seed: int = stats.SEED, include_flagged: bool = False,
         depth_profile=correlations.depth_profile(frame, seed),
         depth_trend=correlations.depth_trend(frame, seed),
         step_level=correlations.step_level(records, frame, seed),
+        # class-IL only: does the scenario reorder methods as much as the regime does (scenarios.py)
+        scenario_tau=scenarios.scenario_agreement(frame, tau, cells, seed, skip),
         budget=budget_table(frame),
-        flagged=flagged_table(records, order),
-        settings=AnalysisSettings(rope_points=float(rope), rope=rope_acc, credible=decisions.bayes.CREDIBLE,
-                                  alpha=power.ALPHA, include_flagged=include_flagged),
     )
 
 
@@ -193,7 +226,21 @@ def headline(t: AnalysisResult) -> dict:
             "power_warnings": sorted(set(pw.loc[~pw["reachable"].astype(bool), "message"])),
             "rope": t.settings.rope_points,
             # within vs across subspace families; None with a single family
-            "families": families.headline(t.families, regime_order(t.runs))}
+            "families": _families_headline(t),
+            # class-IL records: does the scenario reorder methods as much as the regime does
+            "scenario": t.scenario_tau[t.scenario_tau["regime"] == scenarios.ALL].to_dict("records")}
+
+
+def _families_headline(t: AnalysisResult) -> dict | None:
+    """families.headline of each scenario's rows; with several scenarios their sentences, each labelled."""
+    order = regime_order(t.runs)
+    per = {sc: families.headline(t.families[t.families["scenario"] == sc], order)
+           for sc in dict.fromkeys(t.families["scenario"])}
+    found = {sc: h for sc, h in per.items() if h}
+    if len(found) <= 1:
+        return next(iter(found.values()), None) if found else families.headline(t.families, order)
+    first = next(iter(found.values()))
+    return {**first, "sentence": " ".join(f"{sc}: {h['sentence']}" for sc, h in found.items())}
 
 
 def _strongest(reversals: pd.DataFrame, n: int = 3) -> list[dict]:
@@ -207,23 +254,48 @@ def _extreme_pair_tau(t: AnalysisResult) -> list[dict]:
     order = regime_order(t.runs)
     tau = t.tau
     out = []
-    for ds, sub in tau.groupby("dataset"):
+    for (ds, sc), sub in tau.groupby(["dataset", "scenario"], dropna=False):
         valid = sub[sub["tau"].notna() & (sub["regime_a"] != sub["regime_b"])]
         regs = [r for r in order if r in set(valid["regime_a"])]
         if len(regs) >= 2:
             row = sub[(sub["regime_a"] == regs[0]) & (sub["regime_b"] == regs[-1])].iloc[0]
-            out.append({"dataset": ds, "a": regs[0], "b": regs[-1], "tau": row["tau"],
+            out.append({"dataset": ds, "scenario": sc, "a": regs[0], "b": regs[-1], "tau": row["tau"],
                         "p": row["p"], "n_methods": row["n_methods"]})
     return out
 
 
 def power_summary(frame: pd.DataFrame, rope: float = decisions.ROPE_POINTS) -> list[str]:
-    """The end-of-sweep power lines: tests that cannot decide with the blocks the records have."""
+    """The end-of-sweep power lines: tests that cannot decide with the blocks the records have
+    (each scenario's records on their own, as analyse compares them)."""
     if frame.empty:
         return []
-    cells = Cells(frame)
     rope_acc = decisions.rope_fraction(rope, percent_scale(frame))
-    bayes = decisions.bayes_table(cells, rope_acc)
-    skip = degenerate_regimes(degenerate_table(frame, cells, bayes=bayes, rope_points=rope))
-    rows = power.observed_power(cells, skip, rope_acc)
-    return power.power_lines(rows.to_dict("records"))
+    rows = []
+    for sub in _by_scenario(frame):
+        cells = Cells(sub)
+        bayes = decisions.bayes_table(cells, rope_acc)
+        skip = degenerate_regimes(degenerate_table(sub, cells, bayes=bayes, rope_points=rope))
+        rows += power.observed_power(cells, skip, rope_acc).to_dict("records")
+    return power.power_lines(rows)
+
+
+def scenario_summary(frame: pd.DataFrame, rope: float = decisions.ROPE_POINTS, seed: int = stats.SEED) -> list[str]:
+    """The end-of-sweep lines of class-IL records: does the scenario reorder methods as much as the
+    regime does (scenarios.py); none without class-IL records."""
+    sub = frame[frame["scenario"] == Scenario.CLASS_IL].reset_index(drop=True) if len(frame) else frame
+    if sub.empty:
+        return []
+    cells = Cells(sub)
+    rope_acc = decisions.rope_fraction(rope, percent_scale(frame))
+    skip = degenerate_regimes(degenerate_table(sub, cells, bayes=decisions.bayes_table(cells, rope_acc, seed),
+                                               rope_points=rope))
+    tau = ranks.regime_agreement(sub, cells, seed, skip)
+    return scenarios.scenario_lines(scenarios.scenario_agreement(sub, tau, cells, seed, skip))
+
+
+def _by_scenario(frame: pd.DataFrame) -> list[pd.DataFrame]:
+    """The frame's rows of each scenario (the frame itself when it holds one)."""
+    names = sorted(frame["scenario"].unique()) if "scenario" in frame else []
+    if len(names) <= 1:
+        return [frame]
+    return [frame[frame["scenario"] == sc].reset_index(drop=True) for sc in names]

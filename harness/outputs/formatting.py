@@ -9,6 +9,7 @@ One spelling per quantity wherever it appears:
   LaTeX writes the ± as `$\\pm$` (its text fonts have no ± glyph), everything else as ±.
 - the Bayesian comparison's region of practical equivalence reads "ROPE 0.5 ACC points" (`rope_text`);
 - "best per regime" is decided as printed (`best_as_printed`);
+- a size in bytes is in binary units with three significant digits, "12.3 KiB" (`bytes_text`);
 - a label in a file name, anchor or LaTeX label is its `slug` (readable prefix + hash).
 """
 from __future__ import annotations
@@ -51,6 +52,22 @@ def mean_ci(mean, half, digits: int = DIGITS, tex: bool = False) -> str:
     """A mean with its CI as "mean ± half" (half: half the CI's width), both on the printed scale."""
     pm, missing = (r"$\pm$", TEX_MISSING) if tex else ("±", MISSING)
     return f"{num(mean, digits, missing)} {pm} {num(half, digits, missing)}"
+
+
+BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def bytes_text(n) -> str:
+    """A size in bytes in binary units: "512 B", "1.50 KiB", "12.3 MiB", "456 GiB"; MISSING if unknown."""
+    if not is_number(n) or n < 0:
+        return MISSING
+    n, unit = float(n), 0
+    while n >= 1024 and unit < len(BYTE_UNITS) - 1:
+        n, unit = n / 1024, unit + 1
+    if unit == 0:
+        return f"{round(n)} B"
+    digits = 2 if n < 10 else 1 if n < 100 else 0
+    return f"{n:.{digits}f} {BYTE_UNITS[unit]}"
 
 
 def fraction_text(f) -> str:

@@ -169,7 +169,7 @@ def print_summary(results, protocol_name: str, version: str | None = None, grid=
     """Method x regime summary (mean ACC / forgetting, flagged runs marked) of one protocol version's
     records, and the tests its blocks cannot decide."""
     from ..analysis.frame import format_summary, records_to_frame
-    from ..analysis.tables import power_summary
+    from ..analysis.tables import power_summary, scenario_summary
     from ..execution.store import load_records
     from ..execution.views import view_records
 
@@ -178,7 +178,8 @@ def print_summary(results, protocol_name: str, version: str | None = None, grid=
     if records:
         frame = records_to_frame(records, include_flagged)
         print(format_summary(frame))
-        print("\n".join(["", *power_summary(frame, rope)]))
+        scenario = scenario_summary(frame, rope)  # class-IL records: scenario vs regime reordering
+        print("\n".join(["", *scenario, *([""] if scenario else []), *power_summary(frame, rope)]))
 
 
 def build_leaderboard(results, protocol_name: str, out: str | None = None, version: str | None = None,

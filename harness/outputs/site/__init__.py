@@ -9,20 +9,21 @@ outputs/charts.py, diagnostics are aggregated in analysis/diagnostics.py.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ...analysis.frame import FLAG, percent_scale, regime_order
 from ...analysis.result import AnalysisResult
 from ...analysis.tables import analyse
 from ...config.specs import RunRecord
-from ...config.vocabulary import WARNINGS
+from ...config.vocabulary import WARNINGS, Scenario
 from .. import charts
 from ..formatting import rope_text, slug
 from . import dataset, method, overview, run
 from .templates import assets, environment
 from .writer import SiteWriter
 
-__all__ = ["build_site", "slug"]  # slug: how a page's file is named after its subject
+__all__ = ["build_site", "panel_labels", "slug"]  # slug: how a page's file is named after its subject
 
 
 def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | None = None,
@@ -39,7 +40,9 @@ def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | No
     # the folder is checked (links, someone else's files) before any work; on leaving the block the
     # staged files are renamed into place and files of the previous build this one did not write are pruned
     with SiteWriter(Path(out_dir), environment(), {}, root=root, force=force) as w:
-        tables = analyse(records, include_flagged=include_flagged, rope=rope)
+        analysed = analyse(records, include_flagged=include_flagged, rope=rope)
+        labels = panel_labels(analysed)
+        tables = relabelled(analysed, labels)
         w.base = base = _base(tables, records, results_dir=results_dir, include_flagged=include_flagged)
         infos = method.method_infos()
         index = overview.page(w, tables, records)
@@ -48,8 +51,35 @@ def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | No
         for m in base["methods"]:
             method.page(w, tables, records, m, infos)
         for rec in records:
-            run.page(w, rec)
+            run.page(w, rec, labels.get((rec.dataset, str(rec.spec.scenario)), rec.dataset))
     return index
+
+
+def panel_labels(t: AnalysisResult) -> dict[tuple[str, str], str]:
+    """{(dataset, scenario): the name its page and rows go by}: the dataset's name, and for a dataset
+    recorded in more than one scenario (a board merging results folders) "name · scenario" for each
+    scenario but its first (task-IL when it has one): the scenarios' cells never share a page."""
+    pairs = t.runs[["dataset", "scenario"]].drop_duplicates().itertuples(index=False)
+    by_dataset: dict[str, list[str]] = {}
+    for ds, sc in pairs:
+        by_dataset.setdefault(ds, []).append(sc)
+    out = {}
+    for ds, scs in by_dataset.items():
+        first = Scenario.TASK_IL if Scenario.TASK_IL in scs else sorted(scs)[0]
+        out.update({(ds, sc): ds if sc == first else f"{ds} · {sc}" for sc in scs})
+    return out
+
+
+def relabelled(t: AnalysisResult, labels: dict[tuple[str, str], str]) -> AnalysisResult:
+    """The tables with each (dataset, scenario) row's dataset named by its panel label (panel_labels)."""
+    if all(label == ds for (ds, _), label in labels.items()):
+        return t
+    cut = {}
+    for name, df in [("runs", t.runs), *t.tables().items()]:
+        if {"dataset", "scenario"} <= set(df.columns) and len(df):
+            keys = zip(df["dataset"], df["scenario"])
+            cut[name] = df.assign(dataset=[labels.get(k, k[0]) for k in keys])
+    return replace(t, **cut)
 
 
 def _base(t: AnalysisResult, records: list[RunRecord], **settings) -> dict:

@@ -11,7 +11,7 @@ from ...analysis.power import wilcoxon_decides
 from ...analysis.result import AnalysisResult
 from ...config.metrics import METRICS
 from ...config.numbers import is_number
-from ...config.vocabulary import FAMILY_DESCRIPTIONS
+from ...config.vocabulary import FAMILY_DESCRIPTIONS, Scenario
 from .. import charts
 from ..charts import records_of
 from ..formatting import best_as_printed, half_width, slug
@@ -26,7 +26,8 @@ DOWNLOADS = (("method x regime", "methods"), ("Kendall tau", "tau"), ("rank reve
              ("norm vs forgetting", "norm_forgetting"), ("norm vs forgetting per family", "norm_forgetting_family"),
              ("regimes (family, trainable fraction)", "regimes"), ("within vs across families", "family_tau"),
              ("W per family", "family_w"), ("depth profile", "depth_profile"),
-             ("depth trend", "depth_trend"), ("step level", "step_level"), ("runs", "runs"))
+             ("depth trend", "depth_trend"), ("step level", "step_level"),
+             ("scenario vs regime τ", "scenario_tau"), ("runs", "runs"))
 
 
 def page(w: SiteWriter, t: AnalysisResult, ds: str) -> Path:
@@ -43,8 +44,14 @@ def page(w: SiteWriter, t: AnalysisResult, ds: str) -> Path:
 def _results(w: SiteWriter, sel: AnalysisResult, regs) -> dict:
     """The method x regime grid, the metric rows, the regimes' table and the accuracy curves."""
     deg = _degenerate(sel.degenerate)
-    return {"degenerate": deg, "grid": _grid(sel.methods, regs, deg, _regime_cells(sel.regimes), w.base["scale"]),
-            "rows": records_of(sel.methods), "regime_rows": records_of(sel.regimes),
+    mt = sel.methods
+    return {"degenerate": deg, "grid": _grid(mt, regs, deg, _regime_cells(sel.regimes), w.base["scale"]),
+            "rows": records_of(mt), "regime_rows": records_of(sel.regimes),
+            "page_scenarios": sorted(set(sel.runs["scenario"])) if len(w.base["scenarios"]) > 1
+            or Scenario.CLASS_IL in w.base["scenarios"] else [],
+            "task_aware": bool(mt["acc_task_aware"].notna().any()),
+            "memory": bool(mt[["memory_samples", "memory_bytes"]].notna().any().any()),
+            "scenario_rows": records_of(sel.scenario_tau),
             "family_descriptions": {f: FAMILY_DESCRIPTIONS.get(f, "") for f in families_in(regs)},
             "curves": charts.curve_panels(sel.curves, regs, w.base["method_colour"], w.base["scale"])}
 

@@ -11,8 +11,8 @@ from ..charts import records_of
 from ..formatting import slug
 from .writer import SiteWriter
 
-RUN_COLUMNS = ["run_id", "dataset", "regime", "order", "seed", "status", "acc", "forgetting", "optimizer_steps",
-               "n_warnings", "warning_codes"]
+RUN_COLUMNS = ["run_id", "dataset", "scenario", "regime", "order", "seed", "status", "acc", "acc_task_aware",
+               "forgetting", "optimizer_steps", "memory_samples", "memory_bytes", "n_warnings", "warning_codes"]
 
 
 def page(w: SiteWriter, t: AnalysisResult, records, m: str, infos: dict) -> Path:
@@ -31,6 +31,9 @@ def page(w: SiteWriter, t: AnalysisResult, records, m: str, infos: dict) -> Path
     ctx = {"title": m, "method": m, "names": names, "about": about,
            "hparams": [json.loads(h) for h in hparams], "submissions": [json.loads(s) for s in subs],
            "rows": records_of(mt), "diagnostics": diagnostics,
+           # class-IL rows: class-IL ACC, task-aware ACC and forgetting side by side; memory where declared
+           "task_aware": bool(mt["acc_task_aware"].notna().any()),
+           "memory": bool(mt[["memory_samples", "memory_bytes"]].notna().any().any()),
            "sweeps": sweep_panels(sweeps(mine, regimes), w.base["scale"], captions),
            "runs": records_of(t.runs[t.runs["method"] == m][RUN_COLUMNS]),
            "downloads": {"per-regime results": w.table(mt, f"method-{slug(m)}")}}

@@ -9,6 +9,7 @@ import pandas as pd
 from ...analysis.families import families_in
 from ...analysis.power import StatTest
 from ...analysis.result import AnalysisResult
+from ...analysis.scenarios import ALL
 from ...analysis.tables import headline
 from ...config.vocabulary import FAMILY_DESCRIPTIONS, Status
 from .. import charts
@@ -20,7 +21,8 @@ from .writer import SiteWriter
 DOWNLOADS = (("design power", "power"), ("credible reversals", "credible_reversals"),
              ("degenerate regimes", "degenerate"), ("regimes (family, trainable fraction)", "regimes"),
              ("within vs across families", "families"), ("τ by family pair", "family_tau"),
-             ("W per family", "family_w"), ("methods absent by design", "absent"))
+             ("W per family", "family_w"), ("methods absent by design", "absent"),
+             ("scenario vs regime τ", "scenario_tau"))
 
 
 def page(w: SiteWriter, t: AnalysisResult, records) -> Path:
@@ -46,8 +48,12 @@ def page(w: SiteWriter, t: AnalysisResult, records) -> Path:
         "power": sections.power(t.power), "bayes_blind": _bayes_blind(t.power),
         "flagged": records_of(t.flagged), "budget": _budget_summary(t.budget),
         "unranked": [r for r in w.base["regimes"] if r not in set(gr["regime"])],
-        "global": {rg: records_of(sub) for rg, sub in gr.groupby("regime", sort=False)},
-        "global_chart": charts.rank_whiskers(gr, w.base["regimes"]),
+        # rankings are per scenario: one card per (scenario, regime), one chart per scenario
+        "global": [{"scenario": sc, "regime": rg, "rows": records_of(sub)}
+                   for (sc, rg), sub in gr.groupby(["scenario", "regime"], sort=False, dropna=False)],
+        "global_charts": [{"scenario": sc, "chart": charts.rank_whiskers(sub, w.base["regimes"])}
+                          for sc, sub in gr.groupby("scenario", sort=True, dropna=False)],
+        "scenario_tau": _scenario_tau(t.scenario_tau),
         "failed": records_of(frame[frame["status"] != Status.OK][["run_id", "dataset", "regime", "method", "order",
                                                                   "seed", "status", "error"]]),
         "w_regimes": records_of(t.w_regimes),
@@ -86,8 +92,18 @@ def _bayes_blind(pw: pd.DataFrame) -> dict:
 
 
 def _budget_summary(budget: pd.DataFrame) -> dict:
-    """Per-method budget rows, and whether methods differ (the overview shows the table only then)."""
+    """Per-method budget rows, whether methods differ in steps and whether any declares its memory
+    (the overview shows the table only then)."""
     rows = records_of(budget)
     rel = [r["relative_steps"] for r in rows if r["relative_steps"] is not None]
+    memory = any(r.get("memory_samples") is not None or r.get("memory_bytes") is not None for r in rows)
     # 1% slack: steps follow the sample counts, which differ a little between task orders.
-    return {"rows": rows, "differs": bool(rel) and max(rel) - min(rel) > 0.01}
+    return {"rows": rows, "differs": bool(rel) and max(rel) - min(rel) > 0.01, "memory": memory}
+
+
+def _scenario_tau(st: pd.DataFrame) -> list[dict]:
+    """Per dataset (class-IL records): its pooled scenario-vs-regime row, with its per-regime rows."""
+    rows = records_of(st)
+    pooled = [r for r in rows if r["regime"] == ALL]
+    return [{**p, "per_regime": [r for r in rows if r["dataset"] == p["dataset"] and r["regime"] != ALL]}
+            for p in pooled]

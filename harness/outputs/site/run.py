@@ -15,13 +15,14 @@ from .method import sweep_panels
 from .writer import SiteWriter
 
 
-def page(w: SiteWriter, rec: RunRecord) -> Path:
-    """Render runs/<slug>.html for one record; returns its path."""
+def page(w: SiteWriter, rec: RunRecord, dataset: str | None = None) -> Path:
+    """Render runs/<slug>.html for one record; returns its path. dataset: the name of its data set's
+    page (the site's panel label), default the record's data set."""
     rid = rec.run_id
     norms = rec.update_norms or {}
     ctx = {"title": f"run {rid}", "rec": rec, "spec": rec.spec.to_dict(),
            "cmd": reproduce_command(rid, w.base["results_dir"], rec),
-           "method": rec.method, "dataset": rec.dataset,
+           "method": rec.method, "dataset": rec.dataset if dataset is None else dataset,
            "matrices": _matrices(rec), "metric_rows": _metric_rows(rec),
            "norm_rows": _norm_rows(norms), "shared": series(norms.get("shared")) or [],
            "diagnostics": named_series(rec.diagnostics),
