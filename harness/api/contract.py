@@ -43,7 +43,8 @@ class MethodAdapter:
     refused at load, in one line; a hyperparameter without one takes any value of its type;
     `implementation`: set by the registry, the identity that enters every run id;
     `regime_families`: the regime families the method runs faithfully on (a protocol pairing it
-    with another family is refused at load), `regime_note`: why, in one clause.
+    with another family is refused at load), `regime_note`: why, in one clause;
+    `scenarios`: the scenarios the method is defined in (a protocol of another is refused at load).
     """
 
     name: str
@@ -61,6 +62,7 @@ class MethodAdapter:
     implementation: str = ""
     regime_families: tuple[str, ...] = tuple(Family)
     regime_note: str = ""
+    scenarios: tuple[str, ...] = tuple(Scenario)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..config.errors import RegistryError
 from ..config.paths import submission_files, submissions_dir
-from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, PLUGIN_GROUPS, Family
+from ..config.vocabulary import ENTRY_POINT_GROUP, NAME_PATTERN, PLUGIN_GROUPS, Family, Scenario
 from . import plugins
 from .codefile import IMPLEMENTATION_DIGITS, code_bytes, code_sha256
 from .contract import MethodAdapter, Range
@@ -120,6 +120,10 @@ def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
     if not isinstance(families, tuple) or not families or any(f not in tuple(Family) for f in families):
         raise RegistryError(f"{source}: REGIME_FAMILIES of {name!r} must be a non-empty tuple of "
                             f"{', '.join(Family)}, got {families!r}")
+    scenarios = adapter.scenarios
+    if not isinstance(scenarios, tuple) or not scenarios or any(s not in tuple(Scenario) for s in scenarios):
+        raise RegistryError(f"{source}: the scenarios of {name!r} must be a non-empty tuple of "
+                            f"{', '.join(Scenario)}, got {scenarios!r}")
     if not isinstance(adapter.version, str) or not adapter.version:
         raise RegistryError(f"{source}: the version of {name!r} must be a non-empty string, got {adapter.version!r}")
     return adapter

@@ -126,7 +126,8 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
     registry = v.with_plugins(registry, plugin_files)  # their names are known from here on
     datasets, written = v.datasets(raw["datasets"])
     regimes = v.regimes(raw["regimes"], datasets)
-    methods = v.methods(raw["methods"], registry, regimes)
+    scenario = Scenario(v.choice(raw.get("scenario", Scenario.TASK_IL), "scenario", tuple(Scenario)))
+    methods = v.methods(raw["methods"], registry, regimes, scenario)
     orders, order_seed = v.task_orders(raw.get("task_orders", {"count": 1, "seed": 0}), datasets)
     try:
         pretrain = parse_pretrain(raw.get("pretrain", PretrainKind.FIRST_TASK), source, Path(source).resolve().parent)
@@ -136,8 +137,7 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
         raise ProtocolError(str(exc)) from None
     return Protocol(
         name=name, version=version, description=v.string(raw.get("description", ""), "description"),
-        scenario=Scenario(v.choice(raw.get("scenario", Scenario.TASK_IL), "scenario", tuple(Scenario))),
-        pretrain=pretrain,
+        scenario=scenario, pretrain=pretrain,
         datasets=datasets, regimes=regimes, methods=methods, task_orders=orders,
         order_seed=order_seed, seeds=v.seeds(raw.get("seeds", [0])),
         training=v.training(raw.get("training", {})),
@@ -287,7 +287,7 @@ class _ProtocolValidator(Validator):
                                f"{key}.regimes")
         return runs_on
 
-    def methods(self, value, registry, regimes=()):
+    def methods(self, value, registry, regimes=(), scenario=Scenario.TASK_IL):
         out = []
         for i, entry in enumerate(self.nonempty_list(value, "methods")):
             key = f"methods[{i}]"
@@ -299,6 +299,11 @@ class _ProtocolValidator(Validator):
                 self.fail(f"{key}.name", f"unknown method {name!r}; allowed: {', '.join(sorted(registry))}")
             label = self.label(entry.get("label", ""), f"{key}.label")
             adapter = registry[name]
+            scenarios = tuple(getattr(adapter, "scenarios", Scenario))
+            if scenario not in scenarios:
+                self.fail(f"{key}.name", f"{name} is defined in {', '.join(scenarios)} only, not in this protocol's "
+                                         f"scenario {scenario}; allowed: scenario: {' or '.join(scenarios)}, or "
+                                         "another method")
             hparams = entry.get("hparams", {}) or {}
             self.mapping(hparams, f"{key}.hparams", tuple(adapter.defaults) or ("(none)",))
             method = f"{label!r} ({name})" if label else repr(name)
