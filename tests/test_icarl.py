@@ -196,3 +196,15 @@ def test_icarl_is_refused_in_a_task_il_protocol_in_one_line():
     # a task-IL spec that reaches build() anyway fails as a record
     record = run_one(make_spec(method="icarl", hparams={"memory_size": 20}), device="cpu")
     assert record.status == "failed" and "class-il only" in record.error
+
+
+def test_an_adapter_declares_known_scenarios():
+    import dataclasses
+
+    from harness.api.registry import validate_adapter
+    from harness.config.errors import RegistryError
+
+    adapter = get_registry()["icarl"]
+    with pytest.raises(RegistryError, match="the scenarios of 'icarl' must be a non-empty tuple of task-il, class-il"):
+        validate_adapter(dataclasses.replace(adapter, scenarios=("domain-il",)), "x.py")
+    assert get_registry()["ncm"].scenarios == ("task-il", "class-il")

@@ -124,3 +124,21 @@ def test_every_regime_family_runs_with_its_frozen_blocks_untouched(regime):
     record = run_one(_spec(regime, training=TrainingSpec(lr=0.01, momentum=0.9, epochs=2, batch_size=32)),
                      device="cpu")
     assert record.status == "ok", record.error
+
+
+def test_dead_features_give_zero_means_and_the_lowest_known_class_not_nan():
+    from harness.methods.prototypes import unit_mean
+
+    assert torch.equal(unit_mean(torch.zeros(3, 4)), torch.zeros(4))
+    f = torch.tensor([[3.0, 4.0], [6.0, 8.0]])
+    assert torch.equal(unit_mean(f), torch.tensor([0.6, 0.8]))
+
+    class Dead(torch.nn.Module):  # a backbone whose features are all zero
+        blocks = torch.nn.ModuleDict()
+
+        def features(self, x):
+            return torch.zeros(len(x), 2)
+
+    means = torch.tensor([[[0.0, 0.0], [0.6, 0.8], [1.0, 0.0], [0.0, 0.0]]])
+    logits = NearestMeanClassifier(Dead(), means, torch.tensor([[False, True, True, False]]))(torch.ones(3, 1), 0)
+    assert not logits.isnan().any() and logits.argmax(1).eq(1).all()

@@ -19,9 +19,11 @@ pre-training) the features do not drift, and `ncm` is SimpleCIL's prototype clas
 In task-IL the means are kept per task head (the task's own classes), and a task's logits compare
 with those only; in class-IL every class seen is a candidate.
 
-Deviation from Avalanche, on degenerate inputs only: a feature vector of zeros is normalised to zeros
-(`F.normalize`), where Avalanche divides by its zero norm and gets NaN; on every other row the two
-compute the same (tests/test_ncm.py).
+Deviation from Avalanche, on degenerate inputs only: a feature vector of zeros (a class mean of them) is
+normalised to zeros (`F.normalize`), where Avalanche divides by its zero norm and gets NaN; on every
+other row the two compute the same (tests/test_ncm.py). Dead features (a backbone whose ReLUs all went
+to zero, as naive fine-tuning at a high learning rate can leave it) are then at distance 1 from every
+mean, and the lowest known class wins: such runs score at chance, not at an artefact of NaN.
 """
 from __future__ import annotations
 
@@ -71,9 +73,10 @@ def features_of(model, x: torch.Tensor, batch_size: int) -> torch.Tensor:
 
 
 def unit_mean(features: torch.Tensor) -> torch.Tensor:
-    """Avalanche's normalised class mean: sum of the L2-normalised rows / their count, L2-normalised."""
+    """Avalanche's normalised class mean: sum of the L2-normalised rows / their count, L2-normalised
+    (zeros where every row is zero: dead features, e.g. a collapsed backbone, give a mean of zeros, no NaN)."""
     v = torch.sum(F.normalize(features, dim=1), dim=0) / len(features)
-    return v / v.norm()
+    return F.normalize(v, dim=0)
 
 
 class NearestMeanClassifier(torch.nn.Module):
