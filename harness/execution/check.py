@@ -150,7 +150,9 @@ def check_adapter(adapter, method_files=(), regimes=CONTRACT_REGIMES, device: st
     findings, passed = [], []
     for regime in regimes:
         where = f"{adapter.name}, {regime}" if label else regime
-        spec = contract_spec(adapter.name, adapter.defaults, regime)
+        scenarios = tuple(getattr(adapter, "scenarios", Scenario))  # task-IL where the method is defined in it
+        spec = contract_spec(adapter.name, adapter.defaults, regime,
+                             scenario=Scenario.TASK_IL if Scenario.TASK_IL in scenarios else scenarios[0])
         first, probe = _run(spec, method_files, device)
         if first.status != Status.OK:
             findings.append(failure_finding(first, where, method_files, probe.error))
@@ -290,7 +292,8 @@ def _tail(trace: str, lines: int = 6) -> str:
     return "\n".join(trace.strip().splitlines()[-lines:])
 
 
-def contract_spec(method: str, hparams: dict, regime: str, seed: int = 0, epochs: int = 2):
+def contract_spec(method: str, hparams: dict, regime: str, seed: int = 0, epochs: int = 2,
+                  scenario: Scenario = Scenario.TASK_IL):
     """The RunSpec of one contract run: synthetic 2x2 stream, small-cnn, 2 epochs (a method that
     trains in stages, as BECAME, splits them)."""
     from ..config.pretrain import Pretrain, PretrainKind
@@ -299,7 +302,7 @@ def contract_spec(method: str, hparams: dict, regime: str, seed: int = 0, epochs
     return RunSpec(protocol="contract", protocol_version="1",
                    dataset=DatasetSpec(synthetic_dataset(), N_TASKS, CLASSES_PER_TASK, "small-cnn"),
                    regime=regime, method=method, label="", hparams=dict(hparams), order=0,
-                   class_order=tuple(range(N_TASKS * CLASSES_PER_TASK)), seed=seed, scenario=Scenario.TASK_IL,
+                   class_order=tuple(range(N_TASKS * CLASSES_PER_TASK)), seed=seed, scenario=scenario,
                    pretrain=Pretrain(PretrainKind.FIRST_TASK),
                    training=TrainingSpec(lr=0.05, momentum=0.9, epochs=epochs, batch_size=32), eval_batch_size=256)
 
