@@ -121,6 +121,14 @@ def test_the_loss_is_icarl_loss_plugins_on_identical_tensors():
     target = F.one_hot(y, 10).float()
     target[:, :4] = torch.sigmoid(old(x, t))[:, :4]  # by hand: past classes take the old model's sigmoid
     assert torch.allclose(a, F.binary_cross_entropy(torch.sigmoid(logits), target))
+    # the growing head: the harness's criterion says 6 classes are seen, the loss covers their columns
+    growing = DistillationLoss(columns=SimpleNamespace(seen=6))
+    growing.old_model, growing.old_classes = old, [0, 1, 2, 3]
+    growing.before_forward(strategy)
+    theirs.before_forward(strategy)
+    assert torch.equal(growing(logits, y), theirs(logits[:, :6], y))
+    growing.before_forward(strategy)  # the loss consumes the old logits: one forward per loss
+    assert torch.allclose(growing(logits, y), F.binary_cross_entropy(torch.sigmoid(logits[:, :6]), target[:, :6]))
 
 
 def test_the_previous_model_is_a_frozen_eval_copy(stream):

@@ -266,5 +266,6 @@ ADAPTERS = (
                                  "T": Range(low=0, low_open=True), "stage_2_epochs": Range(low=0),
                                  "lamb": Range(low=0, choices=("auto",)), "lr": Range(low=0, low_open=True)},
                   captions={"bic_alpha": "BiC bias layer's α on the newest classes' logits, per task",
-                            "bic_beta": "BiC bias layer's β on the newest classes' logits, per task"}),
+                            "bic_beta": "BiC bias layer's β on the newest classes' logits, per task"},
+                  scenarios=(Scenario.CLASS_IL,)),  # a task-IL protocol naming it is refused at load
 )

@@ -14,9 +14,10 @@ the harness's model that keeps Avalanche's pieces and mathematics (`_ICaRLPlugin
   (`reduce_exemplar_set`);
 - training: the current task's data plus every exemplar, shuffled together (Avalanche's
   `after_train_dataset_adaptation`, as tensors: the harness's mixed minibatches); loss =
-  `ICaRLLossPlugin`'s: BCE on the sigmoid of every output of the single head, targets one-hot except
-  the columns of past tasks' classes, which take the sigmoid outputs of the model as it was after the
-  previous task;
+  `ICaRLLossPlugin`'s: BCE on the sigmoid of the single head's outputs of the classes seen so far
+  (the harness's growing head, api/heads.py; mammoth's `outputs[:, :ac]`; Avalanche's with an
+  IncrementalClassifier), targets one-hot except the columns of past tasks' classes, which take the
+  sigmoid outputs of the model as it was after the previous task;
 - evaluation: the nearest mean of exemplars (`methods.prototypes.NearestMeanClassifier`): after each
   task, every class's mean of the normalised exemplar features, normalised, with the current model
   (`_ICaRLPlugin.compute_class_means`), the logits of `NCMClassifier(normalize=True)`.
@@ -112,10 +113,22 @@ def exemplar_means(model, memory: ExemplarMemory, batch_size: int) -> ClassMeans
 
 
 class DistillationLoss(ICaRLLossPlugin):
-    """Avalanche's ICaRLLossPlugin (its `__call__` is the loss), with the previous model run as the
-    harness's model is (with each row's task label) and in eval mode."""
+    """Avalanche's ICaRLLossPlugin (its `__call__` is the loss) over the columns of the classes seen so far,
+    with the previous model run as the harness's model is (with each row's task label) and in eval mode.
+
+    `columns`: the harness's criterion, whose `seen` (set by the harness before each task in class-IL: the
+    growing head) bounds the columns; without one, every column (a fixed head, Avalanche's example).
+    """
 
     harness_prefix_cache = False  # the previous model reads strategy.mb_x: raw inputs only
+
+    def __init__(self, columns=None):
+        super().__init__()
+        self.columns = columns
+
+    def __call__(self, logits, targets):
+        seen = getattr(self.columns, "seen", None)
+        return super().__call__(logits if seen is None else logits[:, :seen], targets)
 
     def before_forward(self, strategy, **kwargs):
         if self.old_model is not None:
@@ -141,7 +154,7 @@ class ICaRLStrategy(SupervisedTemplate):
     """iCaRL over the harness's model (see the module docstring)."""
 
     def __init__(self, *, memory_size: int, **kwargs):
-        self.icarl_loss = DistillationLoss()
+        self.icarl_loss = DistillationLoss(columns=kwargs.get("criterion"))
         kwargs["criterion"] = self.icarl_loss
         kwargs["plugins"] = [*kwargs.get("plugins", ()), self.icarl_loss]
         super().__init__(**kwargs)
