@@ -142,7 +142,7 @@ def test_the_previous_model_is_a_frozen_eval_copy(stream):
 
 
 def _spec(regime="full", **kw):
-    return make_spec(method="icarl", hparams={"memory_size": 40}, scenario="class-il", regime=regime,
+    return make_spec(method="icarl", hparams={"mem_size": 40}, scenario="class-il", regime=regime,
                      dataset=DatasetSpec("digits", N_TASKS, CPT, "mlp-bn"), **kw)
 
 
@@ -192,7 +192,7 @@ def test_every_regime_family_runs_with_its_frozen_blocks_untouched(regime):
 def _protocol(scenario):
     return {"name": "p", "version": "1", "scenario": scenario,
             "datasets": [{"name": "digits", "n_tasks": 5, "classes_per_task": 2, "model": "mlp-bn"}],
-            "regimes": ["head"], "methods": ["naive", {"name": "icarl", "hparams": {"memory_size": 20}}]}
+            "regimes": ["head"], "methods": ["naive", {"name": "icarl", "hparams": {"mem_size": 20}}]}
 
 
 def test_icarl_is_refused_in_a_task_il_protocol_in_one_line():
@@ -202,7 +202,7 @@ def test_icarl_is_refused_in_a_task_il_protocol_in_one_line():
     message = str(err.value)
     assert message.startswith("p.yaml: methods[1].name: icarl is defined in class-il only") and "\n" not in message
     # a task-IL spec that reaches build() anyway fails as a record
-    record = run_one(make_spec(method="icarl", hparams={"memory_size": 20}), device="cpu")
+    record = run_one(make_spec(method="icarl", hparams={"mem_size": 20}), device="cpu")
     assert record.status == "failed" and "class-il only" in record.error
 
 

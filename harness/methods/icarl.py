@@ -6,7 +6,7 @@ own model (`strategy.model`, regimes, frozen blocks). So `ICaRLStrategy` is a Su
 the harness's model that keeps Avalanche's pieces and mathematics (`_ICaRLPlugin`, `ICaRLLossPlugin`,
 `NCMClassifier`; the official code srebuffi/iCaRL, whose herding and loss Avalanche follows):
 
-- memory: a fixed total of `memory_size` exemplars, `memory_size // k` per class once k classes are
+- memory: a fixed total of `mem_size` exemplars, `mem_size // k` per class once k classes are
   seen (mammoth's models/icarl.py split, which never exceeds the budget; Avalanche and the official
   code take the ceiling, which can). After each task each new class's exemplars are chosen by
   herding on the L2-normalised features of its training data (`_ICaRLPlugin.construct_exemplar_set`:
@@ -107,7 +107,7 @@ def exemplar_means(model, memory: ExemplarMemory, batch_size: int) -> ClassMeans
     (`_ICaRLPlugin.compute_class_means` without the flip); a class without exemplars has none."""
     means = ClassMeans(len(model.heads), model.head_classes)
     for (head, label), (cx, _) in memory.classes.items():
-        if len(cx):  # memory_size below the number of classes seen leaves a class without exemplars
+        if len(cx):  # mem_size below the number of classes seen leaves a class without exemplars
             means.set(head, label, unit_mean(features_of(model, cx, batch_size)))
     return means
 
@@ -153,12 +153,12 @@ class DistillationLoss(ICaRLLossPlugin):
 class ICaRLStrategy(SupervisedTemplate):
     """iCaRL over the harness's model (see the module docstring)."""
 
-    def __init__(self, *, memory_size: int, **kwargs):
+    def __init__(self, *, mem_size: int, **kwargs):
         self.icarl_loss = DistillationLoss(columns=kwargs.get("criterion"))
         kwargs["criterion"] = self.icarl_loss
         kwargs["plugins"] = [*kwargs.get("plugins", ()), self.icarl_loss]
         super().__init__(**kwargs)
-        self.memory = ExemplarMemory(memory_size)
+        self.memory = ExemplarMemory(mem_size)
         self.means: ClassMeans | None = None
 
     def train_dataset_adaptation(self, **kwargs):
@@ -193,19 +193,19 @@ class ICaRLStrategy(SupervisedTemplate):
         return MemoryUse(samples=len(self.memory), tensors=(*rows, *means, *self.icarl_loss.tensors()))
 
 
-def build_icarl(ctx, memory_size: int):
+def build_icarl(ctx, mem_size: int):
     """iCaRL on the harness's model: herding exemplars, BCE distillation, nearest mean of exemplars."""
     if ctx.scenario != Scenario.CLASS_IL:
         raise ValueError("icarl runs in class-il only (one head over every class); this run is task-il")
-    return ICaRLStrategy(memory_size=int(memory_size), **ctx.strategy_kwargs())
+    return ICaRLStrategy(mem_size=int(mem_size), **ctx.strategy_kwargs())
 
 
 ADAPTERS = (
-    # memory_size: 200 exemplars on the embedded data (the replay buffer of the other rehearsal methods
+    # mem_size: 200 exemplars on the embedded data (the replay buffer of the other rehearsal methods
     # here); the paper, DER and mammoth use 2000 on CIFAR-100. At least one exemplar per class once all
-    # are seen is the protocol's to ensure (memory_size // classes_seen may reach 0).
-    MethodAdapter("icarl", {"memory_size": 200}, build_icarl,
+    # are seen is the protocol's to ensure (mem_size // classes_seen may reach 0).
+    MethodAdapter("icarl", {"mem_size": 200}, build_icarl,
                   "iCaRL: herding exemplars, sigmoid distillation, nearest-mean-of-exemplars classifier",
                   "Rebuffi et al., CVPR 2017 (Avalanche ICaRL)", family="rehearsal",
-                  hparam_ranges={"memory_size": Range(low=1)}, scenarios=(Scenario.CLASS_IL,)),
+                  hparam_ranges={"mem_size": Range(low=1)}, scenarios=(Scenario.CLASS_IL,)),
 )
