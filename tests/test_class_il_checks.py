@@ -64,13 +64,29 @@ def test_the_trained_model_is_judged_where_another_is_evaluated_in_class_il():
     assert _codes(checks.run_warnings(A, trained, "class-il", A)) == [("chance", 1), ("below-probe", 1)]
 
 
-def test_the_loss_rule_keeps_the_heads_uniform_guess_in_class_il():
+def test_the_loss_rules_uniform_guess_covers_the_classes_seen_in_class_il():
     A = [[0.95, 0.5], [0.9, 0.95]]
-    # ln 4 / 2 = 0.693: a last loss of 0.68 that never fell is not flat against the head's 4 outputs ...
+    # task 2 (4 classes seen): ln 4 / 2 = 0.693; a last loss of 0.68 that never fell is not flat ...
     assert checks.run_warnings(A, {**CHECKS, "loss_first": [0.7, 0.7], "loss_last": [0.1, 0.68]}, "class-il", A) == []
     # ... 0.75 is
     flat = checks.run_warnings(A, {**CHECKS, "loss_first": [0.7, 0.76], "loss_last": [0.1, 0.75]}, "class-il", A)
     assert _codes(flat) == [("loss-flat", 1)]
+    # task 1 (2 classes seen, the loss's columns): ln 2 / 2 = 0.347, so a loss stuck at the uniform guess
+    # ln 2 = 0.69 is flat; against all 4 outputs (ln 4 / 2 = 0.693) it would never be
+    flat = checks.run_warnings(A, {**CHECKS, "loss_first": [0.70, 0.7], "loss_last": [0.69, 0.1]}, "class-il", A)
+    assert _codes(flat) == [("loss-flat", 0)]
+
+
+def test_the_store_refuses_chance_levels_that_are_not_the_specs():
+    R, A = [[0.96, 0.0], [0.30, 0.50]], [[0.96, 0.50], [0.62, 0.50]]
+    data = class_il_record(R, A, {**CHECKS, "probe_acc": [0.97, 0.51]})
+    # an edited within-task chance below the learned accuracy would drop the chance warning
+    edited = {**data["checks"], "task_chance": 0.01}
+    _, problem = parse_record({**data, "checks": edited, "warnings": checks.run_warnings(R, edited, "class-il", A)})
+    assert problem.kind == "corrupt" and "checks.task_chance is 0.01, not the spec's 0.5" in problem.reason
+    edited = {**data["checks"], "chance": 0.5}
+    _, problem = parse_record({**data, "checks": edited, "warnings": checks.run_warnings(R, edited, "class-il", A)})
+    assert problem.kind == "corrupt" and "checks.chance is 0.5, not the spec's 0.25" in problem.reason
 
 
 def test_task_il_warnings_keep_their_rule_and_text():

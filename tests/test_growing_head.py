@@ -51,6 +51,10 @@ def test_rows_of_classes_still_to_come_stay_untrained_in_a_class_il_run():
     rec = run_one(spec, device="cpu", observer=lambda event, t, s: heads.append(
         (event, t, s.model.heads[0].weight.detach().clone(), s.model.heads[0].bias.detach().clone())))
     assert rec.ok, rec.error
+    # the initial row is the head as task 1 starts: later tasks' classes cannot be answered, so class-IL
+    # FWT is 0 by construction (their task-aware row still measures them)
+    assert rec.init_acc[1:] == [0.0, 0.0] and rec.metrics["fwt"] == 0.0
+    assert min(rec.init_acc_task_aware[1:]) > 0.0
     (_, _, w0, b0), (_, _, w1, b1) = heads[0], heads[1]  # before and after task 1
     assert torch.equal(w0[2:], w1[2:]) and torch.equal(b0[2:], b1[2:])  # classes of tasks 2, 3: untouched
     assert not torch.equal(w0[:2], w1[:2])  # task 1's classes trained

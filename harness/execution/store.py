@@ -16,7 +16,7 @@ from ..config.specs import SCHEMA_VERSION, DatasetSpec, RunRecord, RunSpec, Trai
 from ..config.text import terminal_safe
 from ..config.validate import show
 from ..config.vocabulary import Scenario, Status
-from ..run.checks import run_warnings
+from ..run.checks import head_outputs, run_warnings
 
 RECORD_KEYS = frozenset(f.name for f in fields(RunRecord))
 
@@ -319,8 +319,29 @@ def _task_aware_problem(record: RunRecord) -> Problem | None:
     return _metrics_problem(metrics, all_metrics(R, b), "task-aware metrics", "task-aware accuracy matrix")
 
 
+def _chance_problem(record: RunRecord) -> Problem | None:
+    """The chance levels a record's checks judge by must be its spec's (an edited one would drop warnings)."""
+    spec, checks = record.spec, record.checks or {}
+    if "chance" not in checks:
+        return None
+    cpt = spec.dataset.classes_per_task
+    expected = {"chance": 1.0 / head_outputs(spec.scenario, spec.dataset.n_tasks, cpt)}
+    if spec.scenario == Scenario.CLASS_IL:
+        expected["task_chance"] = 1.0 / cpt
+    for key, value in expected.items():
+        if key in checks and (not _number(checks[key]) or abs(checks[key] - value) > 1e-12):
+            return Problem("corrupt", f"its checks.{key} is {show(checks[key])}, not the spec's {value:.6g}: "
+                                      "edited or corrupt")
+    if spec.scenario == Scenario.TASK_IL and "task_chance" in checks:
+        return Problem("corrupt", "a task-IL record with checks.task_chance (a class-IL check)")
+    return None
+
+
 def _warnings_problem(record: RunRecord) -> Problem | None:
     """A record's warnings must be exactly those its checks and accuracy matrices give (none removed)."""
+    chance = _chance_problem(record)
+    if chance:
+        return chance
     try:
         expected = run_warnings(record.acc_matrix, record.checks, record.spec.scenario, record.acc_matrix_task_aware)
     except (TypeError, KeyError, ValueError, IndexError):

@@ -17,8 +17,9 @@ accuracy below the task-aware one is forgetting's and recency's measure, not a l
   trained model's own features of task t's training data (harness/run/probe.py; within the task's
   classes in both scenarios): the features can separate the task, the trained head does not.
 - `loss-flat`: the mean training loss of the task's last 10 % of iterations is ≥ 95 % of its
-  first 10 % and still above half the loss of a uniform guess over the head's outputs,
-  ln(1 / checks["chance"]) (class-IL: ln(all classes)).
+  first 10 % and still above half the loss of a uniform guess over the classes the loss covers:
+  ln(1 / checks["chance"]) in task-IL (the head's); in class-IL ln of the classes seen once task t
+  trains, (t + 1) · classes per task (the growing head's columns: harness/api/heads.py).
 
 The checks ask whether *training* learned each task. For a method that evaluates another model
 than the one it trains (a merge: θ0 + λ·merge; a method's own classifier), the evaluated accuracy
@@ -83,8 +84,10 @@ def task_warnings(t: int, learned: float, checks: dict, scenario: Scenario) -> l
         what = "task-aware " if class_il else ""
         out.append(_warning("below-probe", t, f"{what}{learned:.3f} against a probe's {probe:.3f}"))
     first, last = _at(checks.get("loss_first"), t), _at(checks.get("loss_last"), t)
-    head_chance = checks["chance"]
-    scale = math.log(1 / head_chance) if head_chance > 0 else 0.0
+    # A uniform guess's loss over the classes the loss covers: the head's in task-IL; in class-IL the
+    # classes seen once task t trains, (t + 1) / task_chance (the growing head's columns).
+    outputs = (t + 1) / checks["task_chance"] if class_il else 1 / checks["chance"]
+    scale = math.log(outputs) if outputs > 0 else 0.0
     if first is not None and last is not None and last >= LOSS_FELL * first and last > LOSS_LEARNED * scale:
         out.append(_warning("loss-flat", t, f"loss {first:.3f} at the start, {last:.3f} at the end"))
     return out

@@ -182,7 +182,10 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks, progress, criterion)
     _check_test_data(tasks, fingerprints, None)
     evaluate = _evaluator(spec)
-    progress.init_acc, progress.init_task_aware = _timed_eval(model, tasks, spec, device, progress, evaluate)
+    # Class-IL's initial row: the head as task 1 starts (its classes' units only), as every later row is
+    # evaluated over the classes seen so far; a task's classes cannot be answered before their task.
+    progress.init_acc, progress.init_task_aware = _timed_eval(model, tasks, spec, device, progress, evaluate,
+                                                              _see_classes(criterion, spec, 0))
     for t, experience in enumerate(to_avalanche(host_tasks, resident=tasks).train_stream):
         t0 = time.perf_counter()
         apply_regime(strategy.model, first_regime if t == 0 else spec.regime)
