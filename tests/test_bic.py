@@ -151,6 +151,27 @@ def test_bias_layer_trains_as_avalanches_on_the_validation_memory(monkeypatch):
     assert torch.equal(evaluated(x[:7], 2), view.mb_output)
 
 
+def test_the_bias_layer_trains_on_the_seen_classes_columns_only():
+    """A head with columns of classes still to come (10 columns, 6 classes seen): stage 2's loss covers the seen
+    columns, so the bias layer is the one trained on a 6-column model with the same first rows (the official
+    code's `all_cl = range((itera+1)*nb_cl)`), whatever the other columns hold."""
+    from harness.methods.bic import STAGE_STREAM
+    from harness.methods.rehearsal import memory_generator
+
+    _, ours, _ = _fill_both(3, mem=60, val_percentage=0.5)
+    torch.manual_seed(0)
+    six, ten = OldModel(6), OldModel(10)
+    with torch.no_grad():
+        ten.fc.weight[:6], ten.fc.bias[:6] = six.fc.weight, six.fc.bias
+        ten.fc.bias[6:] = 50.0  # unseen columns that would dominate a softmax over every column
+    fitted = []
+    for model in (six, ten):
+        ours.stage_generator = memory_generator(0, STAGE_STREAM)
+        ours.bias_correction(model, 2, 64, "cpu")
+        fitted.append((float(ours.bias_layer.alpha), float(ours.bias_layer.beta)))
+    assert ours.seen_classes() == 6 and fitted[0] == fitted[1] and fitted[0][0] != 1.0
+
+
 def test_mem_size_is_the_whole_memory():
     assert split_memory(200, 0.1) == (180, 20)
     with pytest.raises(ValueError, match="validation"):
@@ -177,8 +198,35 @@ def test_a_class_il_run_is_deterministic_and_counts_its_memory():
     assert a.acc_matrix == b.acc_matrix and a.diagnostics == b.diagnostics
     assert a.diagnostics["bic_alpha"][0] is None and all(v is not None for v in a.diagnostics["bic_alpha"][1:])
     assert [m.samples for m in memory] == [100] * 5  # 90 stage-1 rows + 10 validation rows
+    assert [len(m.tensors[1]) for m in memory] == [90] * 5  # the stage-1 memory's labels come first
     params = sum(p.numel() * 4 for p in get_model_params(spec))
     assert memory[-1].bytes > params  # the old model's copy is counted
+
+
+def test_reporting_the_memory_has_no_side_effect_and_counts_what_is_kept():
+    """harness_memory reports the tensors kept (the sampler's, of which the reservoir's groups are views; each
+    class's validation rows) without copying them: calling it twice changes nothing."""
+    checked = []
+
+    def observer(event, t, strategy):
+        if event != "after_task":
+            return
+        plugin = next(p for p in strategy.plugins if isinstance(p, TensorBiCPlugin))
+        groups = [tuple(group) for group in plugin.reservoir.groups]
+        first, second = plugin.harness_memory(), plugin.harness_memory()
+        assert all(a is b for a, b in zip(first.tensors, second.tensors)) and first.samples == second.samples
+        assert all(a is b for old, new in zip(groups, plugin.reservoir.groups) for a, b in zip(old, new))
+        sampler = plugin.sampler
+        assert first.tensors[:3] == (sampler.x, sampler.y, sampler.t)
+        storage = sampler.x.untyped_storage().data_ptr()
+        assert all(group[0].untyped_storage().data_ptr() == storage for group in plugin.reservoir.groups)
+        val = [v for group in plugin.val.groups.values() if len(group) for v in group.rows]
+        assert all(a is b for a, b in zip(first.tensors[3:3 + len(val)], val))
+        checked.append(t)
+
+    record = run_one(_spec(mem_size=100, stage_2_epochs=2), device="cpu", observer=observer)
+    assert record.status == "ok", record.error
+    assert checked == [0, 1, 2, 3, 4]
 
 
 def get_model_params(spec):

@@ -1,12 +1,14 @@
-"""ER-ACE (harness/methods/er_ace.py): the mask and the asymmetric loss by hand and against Avalanche's
-ACECriterion where the two definitions meet, the regimes in class-IL, determinism and the memory."""
+"""ER-ACE (harness/methods/er_ace.py): the mask and the asymmetric loss over the seen columns by hand and
+against Avalanche's ACECriterion, the future classes' head rows untrained, the regimes in class-IL,
+determinism and the memory."""
 import math
 
 import pytest
 import torch
-from test_dark_replay import REGIMES, classil_spec
+from test_dark_replay import REGIMES, classil_spec, future_rows_untouched
 
 from harness.api.contract import memory_use
+from harness.api.heads import SeenClassesLoss
 from harness.methods.er_ace import ace_loss, ace_mask
 from harness.run.engine import run_one
 
@@ -16,37 +18,49 @@ def _ce(row, label, keep=None):
     return math.log(sum(math.exp(row[c]) for c in cols)) - row[label]
 
 
-def test_the_mask_keeps_the_present_classes_and_those_from_the_highest_seen_on():
-    keep = ace_mask(10, torch.tensor([2, 3]), torch.tensor([0, 1, 2, 3]))
-    assert keep.nonzero().flatten().tolist() == [2, 3, 4, 5, 6, 7, 8, 9]  # 0, 1: seen, absent from the batch
-    keep = ace_mask(10, torch.tensor([3]), torch.tensor([0, 1, 2, 3, 4, 5]))
-    assert keep.nonzero().flatten().tolist() == [3, 5, 6, 7, 8, 9]  # 2, 4: not in this batch
+def test_the_mask_keeps_the_present_classes():
+    assert ace_mask(10, torch.tensor([2, 3])).nonzero().flatten().tolist() == [2, 3]
+    assert ace_mask(6, torch.tensor([5, 1])).nonzero().flatten().tolist() == [1, 5]
+
+
+def _seen(n):
+    criterion = SeenClassesLoss()
+    criterion.seen = n
+    return criterion
 
 
 def test_the_asymmetric_loss_by_hand():
+    """Columns 0..3 seen (4 is a class still to come): the current batch over its present classes {2, 3},
+    the memory batch over the seen columns; the unseen column takes no part."""
     out = [[1.0, 2.0, 0.5, -1.0, 0.0], [0.0, -1.0, 3.0, 1.0, 2.0]]
-    y, seen = [2, 3], [0, 1, 2, 3]
-    mem, y_mem = [[0.5, 0.0, 1.0, 2.0, -2.0]], [0]
-    keep = [2, 3, 4]  # present {2, 3} and from max(seen) = 3 on
-    hand = sum(_ce(r, c, keep) for r, c in zip(out, y)) / 2 + _ce(mem[0], 0)
+    y, mem, y_mem = [2, 3], [[0.5, 0.0, 1.0, 2.0, -2.0]], [0]
+    hand = sum(_ce(r, c, [2, 3]) for r, c in zip(out, y)) / 2 + _ce(mem[0], 0, [0, 1, 2, 3])
     T = torch.tensor
-    assert ace_loss(T(out), T(y), T(seen), True, T(mem), T(y_mem)).item() == pytest.approx(hand, rel=1e-6)
-    unmasked = sum(_ce(r, c) for r, c in zip(out, y)) / 2  # the first task: plain CE, no memory yet
-    assert ace_loss(T(out), T(y), T(seen), False).item() == pytest.approx(unmasked, rel=1e-6)
+    loss = ace_loss(T(out), T(y), True, T(mem), T(y_mem), criterion=_seen(4))
+    assert loss.item() == pytest.approx(hand, rel=1e-6)
+    other = [r[:4] + [9.0] for r in out], [mem[0][:4] + [-9.0]]  # another unseen column: the same loss
+    assert torch.equal(loss, ace_loss(T(other[0]), T(y), True, T(other[1]), T(y_mem), criterion=_seen(4)))
+    unmasked = sum(_ce(r, c, range(4)) for r, c in zip(out, y)) / 2  # the first task: CE over the seen, no memory
+    assert ace_loss(T(out), T(y), False, criterion=_seen(4)).item() == pytest.approx(unmasked, rel=1e-6)
+    every = sum(_ce(r, c) for r, c in zip(out, y)) / 2  # task-IL's plain cross-entropy: every column
+    assert ace_loss(T(out), T(y), False).item() == pytest.approx(every, rel=1e-6)
 
 
-def test_the_loss_is_twice_avalanches_ace_criterion_where_the_definitions_meet():
-    """Avalanche masks the current batch to its present classes and averages the two terms; ours also keeps
-    the classes from the highest seen on and sums them: on a batch holding the last class they agree up to
-    the factor 2."""
+def test_the_loss_is_twice_avalanches_ace_criterion_over_the_seen_columns():
+    """Avalanche masks the current batch to its present classes, as ours, and averages the two terms where
+    ours sums them: on the seen columns the two agree up to the factor 2."""
     from avalanche.training.regularization import ACECriterion
 
     torch.manual_seed(0)
-    out, mem = torch.randn(6, 8), torch.randn(4, 8)
+    out, mem = torch.randn(6, 10), torch.randn(4, 10)
     y, y_mem = torch.tensor([6, 7, 7, 6, 7, 6]), torch.tensor([0, 3, 5, 1])
-    ours = ace_loss(out, y, torch.arange(8), True, mem, y_mem)
-    theirs = ACECriterion()(out, y, mem, y_mem)
+    ours = ace_loss(out, y, True, mem, y_mem, criterion=_seen(8))
+    theirs = ACECriterion()(out[:, :8], y, mem[:, :8], y_mem)
     assert ours.item() == pytest.approx(2 * theirs.item(), rel=1e-6)
+
+
+def test_rows_of_classes_still_to_come_stay_untrained_in_a_class_il_run():
+    future_rows_untouched("er-ace")
 
 
 @pytest.mark.slow
@@ -78,12 +92,11 @@ def test_memory_reports_the_buffers_rows_and_bytes():
     def observer(event, t, strategy):
         if event == "after_task":
             use = memory_use(strategy)
-            seen[t] = (use.samples, use.bytes, strategy.buffer.seen, strategy.seen_classes.tolist())
+            seen[t] = (use.samples, use.bytes, strategy.buffer.seen)
 
     record = run_one(classil_spec("er-ace", mem_size=500), device="cpu", observer=observer)
     assert record.status == "ok", record.error
     row = 64 * 4 + 8 + 8  # x (1x8x8 float32), y, task label (int64): no logits
-    for t, (samples, nbytes, offered, classes) in seen.items():
+    for t, (samples, nbytes, offered) in seen.items():
         assert samples == min(500, offered) and nbytes == samples * row, (t, samples, nbytes)
-        assert classes == list(range(2 * t + 2))
     assert seen[0][0] < 500 == seen[2][0]  # filling, then full

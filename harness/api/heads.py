@@ -1,10 +1,16 @@
 """The class-IL head as a growing one: one set of logit columns, of which the seen classes' answer.
 
 A class-IL model has one head over every class of the stream (columns in task order: task t's
-classes are columns t*cpt .. (t+1)*cpt - 1). A growing head (Avalanche's IncrementalClassifier,
-iCaRL's, DER's) has units only for the classes seen so far: the harness gives the same answer by
-training with the loss below and evaluating the argmax over the seen columns, so the rows of
-classes still to come are neither trained nor predicted until their task arrives.
+classes are columns t*cpt .. (t+1)*cpt - 1). A growing head (Avalanche's IncrementalClassifier) has
+units only for the classes seen so far; several official codes get the same effect on a fixed head
+by slicing their losses to the seen classes' columns (mammoth's iCaRL `outputs[:, :ac]`, BiC's
+`all_cl = range((itera+1)*nb_cl)`). The harness gives that answer by training with the loss below
+(ctx.criterion, `strategy._criterion`) and evaluating the argmax over the seen columns, so the rows
+of classes still to come are neither trained nor predicted until their task arrives. Methods that
+compute their own losses pass them through the criterion (or slice to its `seen`). Not every
+method's official code does this: DER/DER++'s (mammoth) and ER-ACE's keep a fixed head over every
+class, and DER's logit MSE covers every column; here they follow the growing head (cross-entropy
+through the criterion; DER's MSE over the columns each stored row had, methods/dark_replay.py).
 """
 from __future__ import annotations
 

@@ -86,10 +86,16 @@ def adapters_from_module(module, source: str) -> list[MethodAdapter]:
                             hparam_ranges=getattr(module, "HPARAM_RANGES", {}),
                             version=getattr(module, "VERSION", "1"),
                             regime_families=tuple(getattr(module, "REGIME_FAMILIES", Family)),
-                            regime_note=str(getattr(module, "REGIME_NOTE", "")))
+                            regime_note=str(getattr(module, "REGIME_NOTE", "")),
+                            scenarios=_as_tuple(getattr(module, "SCENARIOS", tuple(Scenario))))
     adapter = validate_adapter(adapter, source)
     return [dataclasses.replace(adapter, defaults=dict(adapter.defaults), captions=dict(adapter.captions),
                                 hparam_types=dict(adapter.hparam_types), hparam_ranges=dict(adapter.hparam_ranges))]
+
+
+def _as_tuple(value):
+    """A list declared in a file as the tuple it stands for; anything else as it is (validated later)."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
@@ -123,7 +129,7 @@ def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
     scenarios = adapter.scenarios
     if not isinstance(scenarios, tuple) or not scenarios or any(s not in tuple(Scenario) for s in scenarios):
         raise RegistryError(f"{source}: the scenarios of {name!r} must be a non-empty tuple of "
-                            f"{', '.join(Scenario)}, got {scenarios!r}")
+                            f"{', '.join(Scenario)}, got {scenarios!r} (SCENARIOS, or MethodAdapter(scenarios=...))")
     if not isinstance(adapter.version, str) or not adapter.version:
         raise RegistryError(f"{source}: the version of {name!r} must be a non-empty string, got {adapter.version!r}")
     return adapter

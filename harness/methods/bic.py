@@ -4,8 +4,11 @@ Stage 1 trains on the task's data plus a rehearsal memory, with a distillation l
 classes' logits (temperature T, soft targets from the previous model, whose newest classes are
 bias-corrected from the third task on); loss = (1 - λ)·CE + λ·distillation with λ = n_old / n_all.
 Stage 2 (from the second task on) freezes the model and trains a bias layer — α·z + β on the
-newest classes' logits — on a class-balanced validation memory held out of the data; the evaluated
-model applies it.
+newest classes' logits — on a class-balanced validation memory held out of the data, with the
+cross-entropy over the seen classes' logits only (the official code's `all_cl = range((itera+1)*nb_cl)`,
+mammoth's `tout[:, :end_last_task]`; the harness's class-IL head is a growing one, harness/api/heads.py,
+whose columns of classes still to come are neither trained nor predicted); the evaluated model
+applies it. Stage 1's cross-entropy is the run's criterion (ctx.criterion: the seen columns).
 
 Why not Avalanche 0.6's `BiCPlugin` (training/plugins/bic.py, after FACIL's bic.py) as it is: it
 asserts a model that is not a `MultiTaskModule` (the harness's CLNet is one, with a single head in
@@ -166,10 +169,15 @@ class TensorBiCPlugin(SupervisedPlugin):
         self.betas.append(None if self.bias_layer is None else float(self.bias_layer.beta))
 
     # -- stage 2 --------------------------------------------------------------------------
+    def seen_classes(self) -> int:
+        """The classes seen so far: labels are positions in the task order, so those of columns 0 .. max."""
+        return max(self.class_to_tasks) + 1
+
     def bias_correction(self, model, task: int, batch_size: int, device) -> None:
-        """Train a new bias layer on the newest classes' logits over the validation memory (model frozen)."""
+        """Train a new bias layer on the newest classes' logits over the validation memory (model frozen);
+        the loss covers the seen classes' columns."""
         x, y, t = self.val.rows()
-        logits = self._frozen_logits(model, x, t, batch_size)
+        logits = self._frozen_logits(model, x, t, batch_size)[:, :self.seen_classes()]
         self.bias_layer = BiasLayer(self.classes_groups(task)[2]).to(device)
         optimizer = torch.optim.SGD(self.bias_layer.parameters(), lr=self.lr, momentum=STAGE_MOMENTUM)
         epochs = self.stage_2_epochs
@@ -210,12 +218,14 @@ class TensorBiCPlugin(SupervisedPlugin):
         return {"bic_alpha": list(self.alphas), "bic_beta": list(self.betas)}
 
     def harness_memory(self) -> MemoryUse:
-        replayed = self.reservoir.rows() if self.reservoir.groups else ()
-        kept = [*replayed, *(self.val.rows() or ())]
+        """The tensors kept, as kept (no copy, no side effect): the stage-1 memory's (the sampler's; the
+        reservoir's groups are views of them), each class's validation rows, the old model, the bias layer."""
+        replayed = (self.sampler.x, self.sampler.y, self.sampler.t) if self.sampler is not None else ()
+        kept = [*replayed, *(v for group in self.val.groups.values() if len(group) for v in group.rows)]
         for module in (self.model_old, self.bias_layer):  # the previous model's copy, the bias layer
             if module is not None:
                 kept += [*module.parameters(), *module.buffers()]
-        samples = (len(replayed[1]) if replayed else 0) + len(self.val)
+        samples = (len(self.sampler) if self.sampler is not None else 0) + len(self.val)
         return MemoryUse(samples=samples, tensors=tuple(kept))
 
 
@@ -267,5 +277,6 @@ ADAPTERS = (
                                  "lamb": Range(low=0, choices=("auto",)), "lr": Range(low=0, low_open=True)},
                   captions={"bic_alpha": "BiC bias layer's α on the newest classes' logits, per task",
                             "bic_beta": "BiC bias layer's β on the newest classes' logits, per task"},
-                  scenarios=(Scenario.CLASS_IL,)),  # a task-IL protocol naming it is refused at load
+                  scenarios=(Scenario.CLASS_IL,),  # a task-IL protocol naming it is refused at load
+                  version="2"),  # 2: stage 2's cross-entropy over the seen classes' columns
 )
