@@ -7,10 +7,12 @@ by slicing their losses to the seen classes' columns (mammoth's iCaRL `outputs[:
 `all_cl = range((itera+1)*nb_cl)`). The harness gives that answer by training with the loss below
 (ctx.criterion, `strategy._criterion`) and evaluating the argmax over the seen columns, so the rows
 of classes still to come are neither trained nor predicted until their task arrives. Methods that
-compute their own losses pass them through the criterion (or slice to its `seen`). Not every
-method's official code does this: DER/DER++'s (mammoth) and ER-ACE's keep a fixed head over every
-class, and DER's logit MSE covers every column; here they follow the growing head (cross-entropy
-through the criterion; DER's MSE over the columns each stored row had, methods/dark_replay.py).
+compute their own losses pass them through the criterion (or slice to its `seen`). One family keeps
+its official fixed head on purpose: DER/DER++ (mammoth, Avalanche) compute cross-entropy and the
+logit MSE over every column, so the stored logits carry the pushed-down scores of classes not yet
+seen, and distilling them is what keeps new classes from taking over old data (with the growing
+head, DER fell to naive's accuracy: methods/dark_replay.py). ER-ACE follows the growing head, as
+Avalanche's ER_ACE on an incremental classifier does.
 """
 from __future__ import annotations
 
