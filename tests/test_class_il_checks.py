@@ -62,6 +62,11 @@ def test_the_trained_model_is_judged_where_another_is_evaluated_in_class_il():
         ("chance", 0), ("below-probe", 0), ("chance", 1), ("below-probe", 1)]
     trained = {**CHECKS, "trained_acc": [0.95, 0.50]}  # what training reached: task 2 not learned
     assert _codes(checks.run_warnings(A, trained, "class-il", A)) == [("chance", 1), ("below-probe", 1)]
+    # the other way round (iCaRL: a head trained only to shape features, a nearest-mean classifier that
+    # answers): the evaluated model learned task 1, so only task 2, which neither learned, is flagged
+    A = [[0.95, 0.5], [0.90, 0.52]]
+    weak_head = {**CHECKS, "trained_acc": [0.55, 0.50]}
+    assert _codes(checks.run_warnings(A, weak_head, "class-il", A)) == [("chance", 1), ("below-probe", 1)]
 
 
 def test_the_loss_rules_uniform_guess_covers_the_classes_seen_in_class_il():

@@ -21,11 +21,13 @@ accuracy below the task-aware one is forgetting's and recency's measure, not a l
   ln(1 / checks["chance"]) in task-IL (the head's); in class-IL ln of the classes seen once task t
   trains, (t + 1) · classes per task (the growing head's columns: harness/api/heads.py).
 
-The checks ask whether *training* learned each task. For a method that evaluates another model
-than the one it trains (a merge: θ0 + λ·merge; a method's own classifier), the evaluated accuracy
-is the method's answer, not a sign of a short budget: the checks then use the trained model's
-accuracy on task t (`trained_acc`: task-IL accuracy, class-IL task-aware accuracy), measured on
-the same test set. Elsewhere `trained_acc` is None and the evaluated learned accuracy is used.
+The checks ask whether the run learned each task. For a method that evaluates another model than
+the one it trains (a merge: θ0 + λ·merge; a classifier of its own, iCaRL's nearest mean of
+exemplars), the trained model's accuracy on task t is measured too (`trained_acc`: task-IL accuracy,
+class-IL task-aware accuracy, on the same test set) and the better of the two is judged: a merge's
+answer below its trained model is the method's answer, not a short budget, and a head that only
+trains features for a classifier of the method's own is not its answer either. Elsewhere
+`trained_acc` is None and the evaluated learned accuracy is used.
 """
 from __future__ import annotations
 
@@ -120,7 +122,9 @@ def run_warnings(acc_matrix, checks: dict, scenario: Scenario, acc_matrix_task_a
 
 
 def _learned(t: int, row, checks: dict) -> float:
-    """What training reached on task t: the trained model's accuracy where another model is evaluated, else
-    the judged row's (R[t][t] in task-IL, the task-aware A[t][t] in class-IL)."""
+    """What the run reached on task t: the judged row's accuracy (R[t][t] in task-IL, the task-aware A[t][t]
+    in class-IL), or, where another model than the trained one is evaluated, the better of the two models'
+    (a merge answers below the model it trained; a classifier of the method's own, iCaRL's nearest mean
+    of exemplars, above a head it only trains features with): a task counts as learned when either does."""
     trained = _at(checks.get("trained_acc"), t)
-    return float(trained) if trained is not None else float(row[t])
+    return float(row[t]) if trained is None else max(float(trained), float(row[t]))
