@@ -184,3 +184,11 @@ def test_site_gives_each_scenario_of_a_dataset_its_own_page(site):
     index = _text(site / "index.html")
     cards = re.findall(r'<span class="muted small">(task-il|class-il)</span>', index)
     assert sorted(set(cards)) == ["class-il", "task-il"]  # global rankings per scenario
+
+
+def test_a_run_page_shows_the_memory_kept_after_each_task(site):
+    pages = {p: _text(p) for p in (site / "runs").rglob("*.html")}
+    with_memory = [html for html in pages.values() if "memory: samples" in html]
+    assert with_memory and len(with_memory) < len(pages)  # only the runs of the method that declares it
+    row = with_memory[0][with_memory[0].index("memory: bytes"):]
+    assert row.index("1 B") < row.index("2.00 KiB") < row.index("</tr>")

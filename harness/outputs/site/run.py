@@ -88,13 +88,14 @@ def _warning_rows(warnings: list) -> list[dict]:
 
 
 def _budget_rows(budget: dict) -> dict:
-    """Totals and per-task steps, samples and epochs per training stage of a record's budget."""
+    """Totals and per-task steps, samples, epochs per training stage and kept memory of a record's budget."""
     per = [budget.get(k) if isinstance(budget.get(k), list) else [] for k in
-           ("steps_per_task", "samples_per_task", "epochs_per_stage")]
+           ("steps_per_task", "samples_per_task", "epochs_per_stage", "memory_samples", "memory_bytes")]
     tasks = [{"task": t + 1, "steps": _at(per[0], t), "samples": _at(per[1], t),
-              "stages": _stages(_at(per[2], t))}
+              "stages": _stages(_at(per[2], t)), "memory_samples": _at(per[3], t), "memory_bytes": _at(per[4], t)}
              for t in range(max(map(len, per)))]
-    return {"steps": budget.get("optimizer_steps"), "samples": budget.get("samples_seen"), "tasks": tasks}
+    return {"steps": budget.get("optimizer_steps"), "samples": budget.get("samples_seen"), "tasks": tasks,
+            "memory": bool(per[3] or per[4])}
 
 
 def _stages(epochs) -> str:
