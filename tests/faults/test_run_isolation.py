@@ -404,6 +404,12 @@ def test_models_without_batchnorm_still_train_on_the_batch_of_one():
     assert record.budget["optimizer_steps"] == _iterations(FIRST_TASK_ROWS, 67, False) + _iterations(270, 67, False)
 
 
+def _scenarios(method: str) -> tuple:
+    from harness.api.registry import get_registry
+
+    return tuple(get_registry(())[method].scenarios)
+
+
 def _builtin_methods() -> list[str]:
     from harness.api.registry import get_registry
 
@@ -414,7 +420,8 @@ def _builtin_methods() -> list[str]:
 def test_every_builtin_method_survives_a_last_batch_of_one_on_batchnorm(method):
     # Methods with passes of their own (BECAME's Fisher, a merged model's recomputed statistics) skip it too.
     hparams = {"batchnorm": "recompute"} if method in {"magmax", "ties", "task-arithmetic"} else {}
-    spec = make_spec(**BN, method=method, hparams=hparams,
+    scenario = "task-il" if "task-il" in _scenarios(method) else "class-il"  # iCaRL, BiC: class-IL only
+    spec = make_spec(**BN, method=method, hparams=hparams, scenario=scenario,
                      training=TrainingSpec(lr=0.05, momentum=0.9, epochs=2, batch_size=67))
     record = run_one(spec, device="cpu")
     assert record.status == "ok", f"{method}: {record.error}"
