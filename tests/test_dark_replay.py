@@ -157,14 +157,16 @@ def test_the_record_budget_counts_memory_rows_and_der_draws_one_batch_derpp_two(
     assert derpp["samples_seen"] == plain["samples_seen"] + 2 * 16 * (sum(steps) - 1)
 
 
-@pytest.mark.parametrize("method", ["der", "derpp"])
+@pytest.mark.parametrize("method", ["der", "derpp", "er-ace"])
 def test_reruns_give_bitwise_equal_accuracy_matrices(method):
     spec = classil_spec(method)
     a, b = run_one(spec, device="cpu"), run_one(spec, device="cpu")
     assert a.status == b.status == "ok" and a.acc_matrix == b.acc_matrix and a.update_norms == b.update_norms
 
 
-def test_memory_reports_the_buffers_rows_and_bytes():
+# a buffer row: x (1x8x8 float32), y, task label (int64), and for DER the logits (6 classes, float32)
+@pytest.mark.parametrize("method, mem_size, row", [("derpp", 150, 64 * 4 + 8 + 8 + 6 * 4), ("er-ace", 500, 64 * 4 + 8 + 8)])
+def test_memory_reports_the_buffers_rows_and_bytes(method, mem_size, row):
     seen = {}
 
     def observer(event, t, strategy):
@@ -172,11 +174,11 @@ def test_memory_reports_the_buffers_rows_and_bytes():
             use = memory_use(strategy)
             seen[t] = (use.samples, use.bytes, strategy.buffer.seen)
 
-    record = run_one(classil_spec("derpp", mem_size=150), device="cpu", observer=observer)
+    record = run_one(classil_spec(method, mem_size=mem_size), device="cpu", observer=observer)
     assert record.status == "ok", record.error
-    row = 64 * 4 + 8 + 8 + 6 * 4  # x (1x8x8 float32), y, task label (int64), logits (6 classes, float32)
     for t, (samples, nbytes, offered) in seen.items():
-        assert samples == min(150, offered) == 150 and nbytes == samples * row, (t, samples, nbytes)
+        assert samples == min(mem_size, offered) and nbytes == samples * row, (t, samples, nbytes)
+    assert seen[2][0] == mem_size  # full by the last task
 
 
 @pytest.mark.parametrize("method, hparams, samples", [

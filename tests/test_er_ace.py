@@ -80,23 +80,10 @@ def test_memory_batches_start_with_the_second_task():
     assert ace["samples_per_task"][1:] == [p + 16 * s for p, s in zip(plain["samples_per_task"][1:], steps[1:])]
 
 
-def test_reruns_give_bitwise_equal_accuracy_matrices():
-    spec = classil_spec("er-ace")
-    a, b = run_one(spec, device="cpu"), run_one(spec, device="cpu")
-    assert a.status == b.status == "ok" and a.acc_matrix == b.acc_matrix and a.update_norms == b.update_norms
-
-
-def test_memory_reports_the_buffers_rows_and_bytes():
+def test_the_buffer_fills_then_stays_full():
     seen = {}
-
-    def observer(event, t, strategy):
-        if event == "after_task":
-            use = memory_use(strategy)
-            seen[t] = (use.samples, use.bytes, strategy.buffer.seen)
-
-    record = run_one(classil_spec("er-ace", mem_size=500), device="cpu", observer=observer)
+    record = run_one(classil_spec("er-ace", mem_size=500), device="cpu",
+                     observer=lambda event, t, s: seen.setdefault(t, memory_use(s).samples) if event == "after_task"
+                     else None)
     assert record.status == "ok", record.error
-    row = 64 * 4 + 8 + 8  # x (1x8x8 float32), y, task label (int64): no logits
-    for t, (samples, nbytes, offered) in seen.items():
-        assert samples == min(500, offered) and nbytes == samples * row, (t, samples, nbytes)
-    assert seen[0][0] < 500 == seen[2][0]  # filling, then full
+    assert seen[0] < 500 == seen[2]  # filling, then full (rows and bytes: tests/test_dark_replay.py)
