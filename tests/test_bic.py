@@ -197,6 +197,11 @@ def test_a_class_il_run_is_deterministic_and_counts_its_memory():
     assert a.status == "ok", a.error
     assert a.acc_matrix == b.acc_matrix and a.diagnostics == b.diagnostics
     assert a.diagnostics["bic_alpha"][0] is None and all(v is not None for v in a.diagnostics["bic_alpha"][1:])
+    # stage 2's work, outside the training loop's budget: ceil(10 validation rows / batch) steps per epoch
+    # over stage_2_epochs, and one forward pass over the validation rows, from task 2 on
+    per_epoch = -(-10 // spec.training.batch_size)
+    assert a.diagnostics["bic_stage_2_steps"] == [0] + [per_epoch * spec.hparams.get("stage_2_epochs", 200)] * 4
+    assert a.diagnostics["bic_stage_2_rows"] == [0, 10, 10, 10, 10]
     assert [m.samples for m in memory] == [100] * 5  # 90 stage-1 rows + 10 validation rows
     assert [len(m.tensors[1]) for m in memory] == [90] * 5  # the stage-1 memory's labels come first
     params = sum(p.numel() * 4 for p in get_model_params(spec))

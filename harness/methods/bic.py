@@ -112,6 +112,10 @@ class TensorBiCPlugin(SupervisedPlugin):
         self.model: nn.Module | None = None
         self.alphas: list = []
         self.betas: list = []
+        # per task: stage 2's optimizer steps and the network forward passes it took (rows), which the
+        # training loop's budget does not see (stage 2 trains the bias layer on cached logits)
+        self.stage_2_steps: list = []
+        self.stage_2_rows: list = []
 
     # -- the memories ---------------------------------------------------------------------
     def split(self, x, y, t, task: int) -> torch.Tensor:
@@ -163,8 +167,11 @@ class TensorBiCPlugin(SupervisedPlugin):
         self.reservoir.add(*self.train_rows)
         self.sampler = MemorySampler(*self.reservoir.rows(), self.generator)
         task = strategy.experience.current_experience
+        steps = rows = 0
         if task > 0:
-            self.bias_correction(strategy.model, task, strategy.train_mb_size, strategy.device)
+            steps, rows = self.bias_correction(strategy.model, task, strategy.train_mb_size, strategy.device)
+        self.stage_2_steps.append(steps)
+        self.stage_2_rows.append(rows)
         self.alphas.append(None if self.bias_layer is None else float(self.bias_layer.alpha))
         self.betas.append(None if self.bias_layer is None else float(self.bias_layer.beta))
 
@@ -173,9 +180,9 @@ class TensorBiCPlugin(SupervisedPlugin):
         """The classes seen so far: labels are positions in the task order, so those of columns 0 .. max."""
         return max(self.class_to_tasks) + 1
 
-    def bias_correction(self, model, task: int, batch_size: int, device) -> None:
+    def bias_correction(self, model, task: int, batch_size: int, device) -> tuple[int, int]:
         """Train a new bias layer on the newest classes' logits over the validation memory (model frozen);
-        the loss covers the seen classes' columns."""
+        the loss covers the seen classes' columns. Returns (its optimizer steps, rows the network saw)."""
         x, y, t = self.val.rows()
         logits = self._frozen_logits(model, x, t, batch_size)[:, :self.seen_classes()]
         self.bias_layer = BiasLayer(self.classes_groups(task)[2]).to(device)
@@ -183,6 +190,7 @@ class TensorBiCPlugin(SupervisedPlugin):
         epochs = self.stage_2_epochs
         scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, [epochs // 4, epochs // 2, 3 * epochs // 4], 0.1)
         self.bias_layer.train()
+        steps = 0
         for _ in range(epochs):
             order = torch.randperm(len(y), generator=self.stage_generator).to(y.device)
             for start in range(0, len(y), batch_size):
@@ -192,10 +200,12 @@ class TensorBiCPlugin(SupervisedPlugin):
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
+                steps += 1
             scheduler.step()
         self.bias_layer.eval()
         for p in self.bias_layer.parameters():
             p.requires_grad_(False)
+        return steps, len(y)
 
     @staticmethod
     @torch.no_grad()
@@ -215,7 +225,8 @@ class TensorBiCPlugin(SupervisedPlugin):
         return BiasCorrected(self.model, self.bias_layer)
 
     def harness_diagnostics(self) -> dict:
-        return {"bic_alpha": list(self.alphas), "bic_beta": list(self.betas)}
+        return {"bic_alpha": list(self.alphas), "bic_beta": list(self.betas),
+                "bic_stage_2_steps": list(self.stage_2_steps), "bic_stage_2_rows": list(self.stage_2_rows)}
 
     def harness_memory(self) -> MemoryUse:
         """The tensors kept, as kept (no copy, no side effect): the stage-1 memory's (the sampler's; the
@@ -278,5 +289,5 @@ ADAPTERS = (
                   captions={"bic_alpha": "BiC bias layer's α on the newest classes' logits, per task",
                             "bic_beta": "BiC bias layer's β on the newest classes' logits, per task"},
                   scenarios=(Scenario.CLASS_IL,),  # a task-IL protocol naming it is refused at load
-                  version="2"),  # 2: stage 2's cross-entropy over the seen classes' columns
+                  version="3"),  # 2: stage 2's cross-entropy over the seen classes' columns; 3: its steps recorded
 )
