@@ -113,3 +113,14 @@ def fixture_records(path) -> list:
     from harness.config.specs import RunRecord
 
     return [RunRecord.from_dict(d) for d in json.loads(Path(path).read_text())]
+
+
+def run_recording_memory(spec, **kwargs):
+    """`run_one(spec)` and what the method declared it keeps after each task (a MemoryUse per task)."""
+    from harness.api.contract import memory_use
+    from harness.run.engine import run_one
+
+    memory = []
+    record = run_one(spec, device="cpu", observer=lambda event, t, strategy: memory.append(memory_use(strategy))
+                     if event == "after_task" else None, **kwargs)
+    return record, memory

@@ -3,9 +3,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import make_spec
+from conftest import make_spec, run_recording_memory
 
-from harness.api import contract
 from harness.api.registry import get_registry
 from harness.config.specs import DatasetSpec
 from harness.methods.bic import BiasCorrected, TensorBiCPlugin, distillation_loss, split_memory
@@ -185,14 +184,8 @@ def _spec(regime="full", scenario="class-il", **hparams):
 
 
 def test_a_class_il_run_is_deterministic_and_counts_its_memory():
-    memory = []
-
-    def observer(event, t, strategy):
-        if event == "after_task":
-            memory.append(contract.memory_use(strategy))
-
     spec = _spec(mem_size=100)
-    a = run_one(spec, device="cpu", observer=observer)
+    a, memory = run_recording_memory(spec)
     b = run_one(spec, device="cpu")
     assert a.status == "ok", a.error
     assert a.acc_matrix == b.acc_matrix and a.diagnostics == b.diagnostics

@@ -3,9 +3,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import make_spec
+from conftest import make_spec, run_recording_memory
 
-from harness.api import contract
 from harness.api.registry import get_registry
 from harness.config.specs import DatasetSpec
 from harness.methods.gdumb import ClassBalancedReservoir, GDumbPlugin, InitialState, row_keys
@@ -110,14 +109,8 @@ def _spec(regime="full", scenario="class-il", pretrain="none", **hparams):
 def test_a_run_trains_on_the_memory_only_and_is_deterministic():
     from harness.run.engine import run_one
 
-    memory = []
-
-    def observer(event, t, strategy):
-        if event == "after_task":
-            memory.append(contract.memory_use(strategy))
-
     spec = _spec(mem_size=60)
-    a = run_one(spec, device="cpu", observer=observer)
+    a, memory = run_recording_memory(spec)
     b = run_one(spec, device="cpu")
     assert a.status == "ok", a.error
     assert a.acc_matrix == b.acc_matrix
