@@ -10,6 +10,7 @@ literature it names; the identity ACC = LA + ((T-1)/T) * BWT holds for any squar
 analysis aggregates and the report, figures, site and export label. Order matters: it is the
 order of the keys in a record's `metrics`. Values are accuracies (fractions of 1); pages show
 them in percent (points, for differences).
+Any-time metrics over a continual-evaluation curve: harness.config.anytime (spec: docs/metrics-anytime.md).
 
 numpy is imported when a metric is computed, not when this module is: the CLI's parser reads
 the table's names, and `cl-bench --help` stays numpy-free.
