@@ -7,7 +7,7 @@ from pathlib import Path
 from .errors import ProtocolError, UserError
 from .paths import RESERVED_NAMES, is_reserved_name, protocol_dirs
 from .pretrain import PretrainError, PretrainKind, parse_pretrain
-from .specs import DatasetSpec, MethodSpec, Protocol, TrainingSpec
+from .specs import ContinualSpec, DatasetSpec, MethodSpec, Protocol, TrainingSpec
 from .validate import MAX_SEED, Validator, quoted_number, show
 from .vocabulary import (
     DATASETS,
@@ -35,6 +35,7 @@ METHOD_KEYS = ("name", "label", "hparams", "regimes")
 ORDER_KEYS = ("count", "seed", "orders")
 TRAINING_KEYS = tuple(f.name for f in dataclasses.fields(TrainingSpec))
 RESOURCE_KEYS = ("num_cpus", "num_gpus")
+EVALUATION_KEYS = ("batch_size", "every", "subsample")
 MAX_ORDERS = 1000
 
 
@@ -141,7 +142,8 @@ def parse_protocol(raw, source: str, registry) -> Protocol:
         datasets=datasets, regimes=regimes, methods=methods, task_orders=orders,
         order_seed=order_seed, seeds=v.seeds(raw.get("seeds", [0])),
         training=v.training(raw.get("training", {})),
-        eval_batch_size=v.evaluation(raw.get("evaluation", {})), source=source,
+        eval_batch_size=v.evaluation(raw.get("evaluation", {})), continual=v.continual(raw.get("evaluation", {})),
+        source=source,
         resources=v.resources(raw.get("resources", {})), written_names=written, plugin_files=plugin_files)
 
 
@@ -366,8 +368,20 @@ class _ProtocolValidator(Validator):
             batch_size=self.integer(value.get("batch_size", d.batch_size), "training.batch_size", 1))
 
     def evaluation(self, value):
-        self.mapping(value, "evaluation", ("batch_size",))
+        self.mapping(value, "evaluation", EVALUATION_KEYS)
         return self.integer(value.get("batch_size", 512), "evaluation.batch_size", 1)
+
+    def continual(self, value) -> ContinualSpec | None:
+        """`every: K` (optimizer steps of a task between curve points) and `subsample: N` (test rows per
+        task, default 100): continual evaluation during training; without `every` it is off."""
+        if "every" not in value:
+            if "subsample" in value:
+                self.fail("evaluation.subsample", "is a setting of continual evaluation, which is off; allowed: "
+                                                  "also set evaluation.every (optimizer steps between curve points)")
+            return None
+        every = self.integer(value["every"], "evaluation.every", 1)
+        return ContinualSpec(every, self.integer(value.get("subsample", ContinualSpec.subsample),
+                                                 "evaluation.subsample", 1))
 
     def resources(self, value):
         self.mapping(value, "resources", RESOURCE_KEYS)

@@ -19,7 +19,19 @@ from .vocabulary import Scenario, Status
 # trainable fraction; `pretrain` may be a pretrained backbone (a mapping: Pretrain.as_json); provenance.pretrained.
 # 6: class-IL learning checks judge each task within its own classes (checks.task_chance, the task-aware
 # matrix; below-probe and trained_acc in class-IL too); budget.memory_samples/memory_bytes per task (MemoryHook).
+# Issue 29 (head start, still schema 6): an optional `spec.continual` ({every, subsample}; absent when off, and
+# never part of the run id: it does not change training) and an optional record field `curve` (absent when off),
+# so every record written without continual evaluation is byte for byte what it was. Bump if main moved past 6.
 SCHEMA_VERSION = 6
+
+
+@dataclass(frozen=True)
+class ContinualSpec:
+    """Continual evaluation during training (protocol `evaluation: {every, subsample}`): every `every`
+    optimizer steps of a task, each seen task on a fixed seeded subsample of `subsample` test rows."""
+
+    every: int
+    subsample: int = 100
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,7 @@ class Protocol:
     training: TrainingSpec
     eval_batch_size: int
     source: str = ""
+    continual: ContinualSpec | None = None  # `evaluation: {every, subsample}`; None: off
     resources: dict = field(default_factory=dict)
     # npz data sets: the name as the protocol file wrote it -> the resolved name (for --datasets)
     written_names: dict = field(default_factory=dict)
@@ -123,14 +136,25 @@ class RunSpec:
     # content hash (harness/api/plugins.py). Left out of the JSON form when empty: a run of
     # built-ins keeps the id it always had.
     plugins: dict = field(default_factory=dict)
+    # Continual evaluation (a curve in the record). Not part of the run id (run_id_of): it changes nothing
+    # the run trains (tests/test_continual_eval.py); the sweep counts a record done only when it carries
+    # the curve its spec asks for (`satisfies`). Left out of the JSON form when off.
+    continual: ContinualSpec | None = None
 
     def to_dict(self) -> dict:
         """Plain-JSON form (tuples become lists, `pretrain` its canonical JSON form; no `plugins` key for a
-        run of built-ins)."""
+        run of built-ins, no `continual` key without continual evaluation)."""
         data = json.loads(json.dumps({**asdict(self), "pretrain": self.pretrain.as_json()}))
         if not data["plugins"]:
             del data["plugins"]
+        if data["continual"] is None:
+            del data["continual"]
         return data
+
+    def satisfied_by(self, record: RunRecord) -> bool:
+        """True when `record` (of this run id) answers this spec: it carries the curve the spec asks for
+        (a record with a curve answers a spec that asks for none: training is the same)."""
+        return self.continual is None or record.spec.continual == self.continual
 
     @property
     def display(self) -> str:
@@ -152,6 +176,8 @@ class RunSpec:
         d["class_order"] = tuple(d["class_order"])
         d["scenario"] = Scenario(d["scenario"])
         d["pretrain"] = Pretrain.from_json(d["pretrain"])
+        if d.get("continual") is not None:
+            d["continual"] = ContinualSpec(**d["continual"])
         return RunSpec(**d)
 
 
@@ -164,7 +190,7 @@ def check_spec_json(d) -> None:
     cannot hash to a second run id for the cell of `seed: 0`."""
     v = Validator("spec", ValueError)
     keys = [f.name for f in fields(RunSpec)]
-    v.mapping(d, "spec", keys, [k for k in keys if k != "plugins"])
+    v.mapping(d, "spec", keys, [k for k in keys if k not in ("plugins", "continual")])
     for key in SPEC_TEXT:
         v.string(d[key], key)
     v.choice(d["scenario"], "scenario", tuple(Scenario))
@@ -183,6 +209,15 @@ def check_spec_json(d) -> None:
     plugins = d.get("plugins", {})
     if not isinstance(plugins, dict) or not all(isinstance(h, str) for h in plugins.values()):
         v.fail("plugins", "expected a mapping of plug-in names to content hashes")
+    if "continual" in d:
+        _check_continual(v, d["continual"])
+
+
+def _check_continual(v: Validator, d) -> None:
+    keys = [f.name for f in fields(ContinualSpec)]
+    v.mapping(d, "continual", keys, keys)
+    v.integer(d["every"], "continual.every", 1)
+    v.integer(d["subsample"], "continual.subsample", 1)
 
 
 def _check_dataset(v: Validator, d) -> None:
@@ -211,9 +246,15 @@ def spec_hash(spec_dict: dict) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()[:12]
 
 
+# Spec keys that change what a run records but not what it trains: outside the run id.
+NOT_IN_RUN_ID = ("continual",)
+
+
 def run_id_of(spec_dict: dict) -> str:
-    """The run id of a spec's JSON form under this schema (what measures a run is part of it)."""
-    return spec_hash({**spec_dict, "schema_version": SCHEMA_VERSION})
+    """The run id of a spec's JSON form under this schema (what measures a run is part of it; continual
+    evaluation is not, see RunSpec.continual)."""
+    kept = {k: v for k, v in spec_dict.items() if k not in NOT_IN_RUN_ID}
+    return spec_hash({**kept, "schema_version": SCHEMA_VERSION})
 
 
 @dataclass(frozen=True)
@@ -241,6 +282,14 @@ class RunRecord:
             whose acc_matrix is task-aware already): the same model and test sets, the prediction
             the argmax over task j's own classes (task id given at test time); shaped like
             acc_matrix, init_acc and metrics, the metrics computed from this matrix and row.
+    curve (only with spec.continual; absent from the JSON otherwise): the continual-evaluation curve,
+            {"every", "subsample": the spec's setting; "n_rows": [test rows evaluated per task];
+             "steps": [the run's optimizer steps so far, per point]; "task": [the task training at the
+             point, 0-based]; "end": [true for a task's end point]; "acc": [[accuracy per task, null for
+             a task after the point's task] per point]; class-IL also "acc_task_aware" shaped alike}.
+            Points: the initial model (step 0, task 0), then in task t every `every` of its optimizer
+            steps the trained model (strategy.model), then its end point: the evaluated model, as the
+            accuracy matrix's row t (harness/run/evaluation.py ContinualEvaluator).
     """
 
     run_id: str
@@ -264,10 +313,14 @@ class RunRecord:
     acc_matrix_task_aware: list | None = None
     init_acc_task_aware: list | None = None
     metrics_task_aware: dict | None = None
+    curve: dict | None = None
 
     def to_dict(self) -> dict:
-        """Plain-JSON form."""
-        return {**asdict(self), "spec": self.spec.to_dict()}
+        """Plain-JSON form (no `curve` key without continual evaluation)."""
+        data = {**asdict(self), "spec": self.spec.to_dict()}
+        if data["curve"] is None:
+            del data["curve"]
+        return data
 
     @staticmethod
     def from_dict(d: dict) -> RunRecord:

@@ -84,7 +84,7 @@ def expand(protocol: Protocol, fingerprints: dict | None = None) -> tuple[RunSpe
                             pretrain=pretrain, training=protocol.training,
                             eval_batch_size=protocol.eval_batch_size, method_version=m.version,
                             data_fingerprint=fingerprints.get(d.name) or "",
-                            plugins=implementations(d.model, d.name, regime)))
+                            plugins=implementations(d.model, d.name, regime), continual=protocol.continual))
     return tuple(specs)
 
 
@@ -123,8 +123,10 @@ def make_plan(protocol: Protocol, results: str | Path, retry_failed: bool = Fals
                              "reruns one record)")
         specs = tuple(s for s in specs if s.run_id in only)
     scan = scan_runs(runs_dir(results, protocol.name))
-    ids = {s.run_id for s in specs}
-    done = {k: v for k, v in scan.valid.items() if k in ids and not (retry_failed and not v.ok)}
+    ids = {s.run_id: s for s in specs}
+    # a record without the curve its spec asks for is not done (continual evaluation is not in the run id)
+    done = {k: v for k, v in scan.valid.items() if k in ids and ids[k].satisfied_by(v)
+            and not (retry_failed and not v.ok)}
     todo = tuple(s for s in specs if s.run_id not in done and s.dataset.name not in missing)
     return Plan(specs, done, todo, tuple(scan.invalid), tuple(scan.stray), tuple(scan.foreign), missing)
 

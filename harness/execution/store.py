@@ -19,6 +19,7 @@ from ..config.vocabulary import Scenario, Status
 from ..run.checks import head_outputs, run_warnings
 
 RECORD_KEYS = frozenset(f.name for f in fields(RunRecord))
+OPTIONAL_KEYS = frozenset({"curve"})  # absent from a record without continual evaluation
 
 
 def protocol_dir(results: str | Path, protocol_name: str) -> Path:
@@ -67,7 +68,7 @@ def validate_record(data, expected_run_id: str | None = None, protocol: str | No
                                   f"(this one reads {SCHEMA_VERSION}, whose run ids cover the method's code and the "
                                   "data); never counted, its run is redone under the new run id")
     keys = set(data)
-    if keys != RECORD_KEYS:
+    if not RECORD_KEYS - OPTIONAL_KEYS <= keys <= RECORD_KEYS:
         missing, extra = sorted(RECORD_KEYS - keys), sorted(keys - RECORD_KEYS)
         return Problem("corrupt", f"keys differ from the schema (missing {missing}, unexpected {extra})")
     if data["status"] not in tuple(Status):
@@ -170,7 +171,7 @@ def _shape_problem(data: dict) -> str | None:
     if not all(isinstance(w, dict) and isinstance(w.get("code"), str) and isinstance(w.get("message"), str)
                and (w.get("task") is None or _number(w["task"])) for w in data["warnings"]):
         return "its warnings are not {code, task, message} entries"
-    return _range_problem(data)
+    return _range_problem(data) or _curve_problem(data)
 
 
 def _count(x) -> bool:
@@ -478,3 +479,85 @@ def load_records(results: str | Path, protocol_name: str | None = None, log=None
             scan.report(log)
         records.extend(scan.valid.values())
     return records
+
+
+# The continual-evaluation curve (RunRecord.curve; harness/run/evaluation.py ContinualEvaluator).
+CURVE_KEYS = ("every", "subsample", "n_rows", "steps", "task", "end", "acc")
+CURVE_SERIES = ("steps", "task", "end", "acc")
+
+
+def _curve_problem(data: dict) -> str | None:
+    """What is wrong with a record's curve (shapes, ranges, and for a finished run its points), or None."""
+    curve, setting, T = data.get("curve"), data["spec"].get("continual"), data["spec"]["dataset"]["n_tasks"]
+    if "curve" not in data:
+        ok = setting is None or data["status"] != Status.OK
+        return None if ok else "it has no curve, though its spec asks for continual evaluation (spec.continual)"
+    if setting is None:
+        return "it has a curve, but its spec asks for no continual evaluation (spec.continual)"
+    class_il = data["spec"]["scenario"] == Scenario.CLASS_IL
+    keys = set(CURVE_KEYS) | ({"acc_task_aware"} if class_il else set())
+    if not isinstance(curve, dict) or set(curve) != keys:
+        return f"its curve is not a mapping of exactly {', '.join(sorted(keys))}"
+    if curve["every"] != setting["every"] or curve["subsample"] != setting["subsample"]:
+        return "its curve's every/subsample are not its spec's (spec.continual)"
+    n_test = data["checks"].get("n_test")
+    rows = [min(setting["subsample"], n) for n in n_test] if isinstance(n_test, list) else None
+    if not (isinstance(curve["n_rows"], list) and len(curve["n_rows"]) == T and all(map(_count, curve["n_rows"]))
+            and (rows is None or len(rows) != T or curve["n_rows"] == rows)):
+        return f"its curve's n_rows are not {T} counts, each min(subsample, the task's test rows)"
+    return _curve_points_problem(curve, T, class_il) or (
+        _curve_run_problem(curve, T, data["budget"].get("steps_per_task")) if data["status"] == Status.OK else None)
+
+
+def _curve_points_problem(curve: dict, T: int, class_il: bool) -> str | None:
+    """Each point: a step count, its task, an end flag, and accuracies on tasks 0..task (null after it)."""
+    series = [curve[k] for k in (*CURVE_SERIES, *(("acc_task_aware",) if class_il else ()))]
+    if not all(isinstance(v, list) and len(v) == len(series[0]) for v in series):
+        return "its curve's steps, task, end and acc are not lists of one entry per point"
+    steps, tasks, ends, acc = series[:4]
+    if not (all(map(_count, steps)) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < T
+                                            for t in tasks) and all(isinstance(e, bool) for e in ends)):
+        return f"its curve's steps are not counts, its tasks not in 0..{T - 1} or its end flags not booleans"
+    if any(b < a for a, b in zip(steps, steps[1:])) or any(b < a for a, b in zip(tasks, tasks[1:])):
+        return "its curve's steps or tasks decrease"
+    for name in ("acc", "acc_task_aware") if class_il else ("acc",):
+        bad = next((i for i, (row, t) in enumerate(zip(curve[name], tasks))
+                    if not _curve_row(row, t, T, curve["n_rows"])), None)
+        if bad is not None:
+            return (f"its curve's {name}[{bad}] is not {T} entries: accuracies on tasks 0..{tasks[bad]} (a count "
+                    "of its task's subsample rows each), null after")
+    if class_il and any(m is not None and m < c for rm, rc in zip(curve["acc_task_aware"], acc)
+                        for m, c in zip(rm, rc)):
+        return "its curve's task-aware accuracies are below its class-IL ones somewhere: edited or corrupt"
+    return None
+
+
+def _curve_row(row, task: int, T: int, n_rows: list) -> bool:
+    """Accuracies on tasks 0..task, each k/n of its n subsample rows; null for the tasks after it."""
+    if not isinstance(row, list) or len(row) != T:
+        return False
+    seen = all(_number(a) and 0.0 <= a <= 1.0 and abs(a * n - round(a * n)) <= 1e-6
+               for a, n in zip(row[:task + 1], n_rows))
+    return seen and all(a is None for a in row[task + 1:])
+
+
+def _curve_run_problem(curve: dict, T: int, steps_per_task) -> str | None:
+    """A finished run's points: the initial one, every `every` steps of each task, and each task's end point
+    at the run's step count then (budget.steps_per_task)."""
+    steps, tasks, ends = curve["steps"], curve["task"], curve["end"]
+    if not steps or (steps[0], tasks[0], ends[0]) != (0, 0, False):
+        return "its curve does not start with the initial model's point (step 0, task 0)"
+    end_at = [i for i, e in enumerate(ends) if e]
+    if [tasks[i] for i in end_at] != list(range(T)) or end_at[-1] != len(steps) - 1 or any(
+            tasks[i + 1] != tasks[i] + 1 for i in end_at[:-1]):
+        return f"its curve does not end each of its {T} tasks with one end point, as the task's last point"
+    if isinstance(steps_per_task, list) and len(steps_per_task) == T:
+        cumulative = [sum(steps_per_task[:t + 1]) for t in range(T)]
+        if [steps[i] for i in end_at] != cumulative:
+            return "its curve's end points are not at the run's step counts (budget.steps_per_task)"
+    base = [0, *(steps[i] for i in end_at[:-1])]
+    for i in range(1, len(steps)):
+        offset = steps[i] - base[tasks[i]]
+        if not ends[i] and (offset <= 0 or offset % curve["every"]):
+            return f"its curve's point {i} is not at a multiple of every ({curve['every']}) steps into its task"
+    return None

@@ -28,7 +28,7 @@ from ..config.specs import RunRecord, RunSpec, failed_record
 from ..config.vocabulary import Scenario, Status, regime_depth
 from .checks import head_outputs, loss_windows, run_warnings
 from .datasets import dataset_fingerprint, load_dataset
-from .evaluation import evaluate_class_il, task_accuracy
+from .evaluation import ContinualEvaluator, evaluate_class_il, task_accuracy
 from .fastdata import skip_lone_batches
 from .isolation import capture, restore
 from .models import build_model, shared_effective_weights, trainable_block_names
@@ -94,6 +94,7 @@ class _Progress:
     memory: list = field(default_factory=list)  # contract.memory_use(strategy) after each task (None: nothing declared)
     n_test: list = field(default_factory=list)
     plugin: HarnessPlugin | None = None  # counts the budget and keeps the losses
+    continual: ContinualEvaluator | None = None  # the curve (spec.continual), measured by the plugin and here
     pretrained: dict = field(default_factory=dict)  # provenance of a pretrained backbone
     plugins: dict = field(default_factory=dict)  # provenance: the plug-ins' files (none for built-ins)
     state: object = None  # the process state before the run (isolation.Snapshot), put back after it
@@ -176,7 +177,10 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     progress.params = parameter_counts(model, spec.regime)
     first_regime = "full" if spec.pretrain.first_task else spec.regime
     apply_regime(model, first_regime)
-    harness_plugin = progress.plugin = HarnessPlugin()
+    if spec.continual is not None:  # its own evaluator (and prefix cache): the subsamples are other tensors
+        progress.continual = ContinualEvaluator(tasks, spec.continual.every, spec.continual.subsample, spec.seed,
+                                                _evaluator(spec), spec.eval_batch_size, device)
+    harness_plugin = progress.plugin = HarnessPlugin(progress.continual)
     progress.n_test = [len(t.y_test) for t in tasks]
     criterion = run_criterion(spec)
     strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks, progress, criterion)
@@ -184,8 +188,12 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     evaluate = _evaluator(spec)
     # Class-IL's initial row: the head as task 1 starts (its classes' units only), as every later row is
     # evaluated over the classes seen so far; a task's classes cannot be answered before their task.
-    progress.init_acc, progress.init_task_aware = _timed_eval(model, tasks, spec, device, progress, evaluate,
-                                                              _see_classes(criterion, spec, 0))
+    seen = _see_classes(criterion, spec, 0)
+    progress.init_acc, progress.init_task_aware = _timed_eval(model, tasks, spec, device, progress, evaluate, seen)
+    curve = progress.continual
+    if curve:
+        curve.start_task(0, seen)
+        curve.point(model, 0)
     for t, experience in enumerate(to_avalanche(host_tasks, resident=tasks).train_stream):
         t0 = time.perf_counter()
         apply_regime(strategy.model, first_regime if t == 0 else spec.regime)
@@ -193,13 +201,19 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
         before = frozen_state(strategy.model)
         if observer:
             observer("before_task", t, strategy)
+        curve_s = curve.seconds if curve else 0.0
+        if curve:
+            curve.start_task(t, seen)
         strategy.train(experience)
         _check_frozen(strategy.model, before, spec.regime)
         if harness_plugin.iterations == 0:
             raise AdapterError("the strategy never called the harness plugins: build the strategy "
                                "with **ctx.strategy_kwargs() or pass plugins=list(ctx.plugins)", Breach.PLUGINS)
         evaluated = contract.evaluated_model(strategy)
-        progress.per_task_s.append(time.perf_counter() - t0)
+        # training time without the curve's points (timings.curve_s has them)
+        progress.per_task_s.append(time.perf_counter() - t0 - ((curve.seconds - curve_s) if curve else 0.0))
+        if curve:  # the task's end point: the evaluated model, as the matrix's row
+            curve.point(evaluated, sum(harness_plugin.steps_per_task), end=True)
         row, row_task_aware = _timed_eval(evaluated, tasks, spec, device, progress, evaluate, seen)
         progress.rows.append(row)
         progress.rows_task_aware.append(row_task_aware)
@@ -477,6 +491,9 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
         regime_depth=regime_depth(spec.regime, n_blocks) if n_blocks is not None else None,
         timings={"total_s": total_s, "train_s": float(sum(progress.per_task_s)), "eval_s": progress.eval_s,
                  "per_task_s": progress.per_task_s})
+    if progress.continual:
+        measured["timings"]["curve_s"] = progress.continual.seconds
+        measured["curve"] = progress.continual.as_json(spec.scenario == Scenario.CLASS_IL)
     measured.update(_task_aware(spec, progress, status == Status.OK))
     prov = _provenance(device, submission, progress.method)
     if progress.pretrained:

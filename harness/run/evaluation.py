@@ -1,5 +1,7 @@
-"""The harness's own evaluator: accuracy on every task's test set, by tensor slicing."""
+"""The harness's own evaluator: accuracy on every task's test set, by tensor slicing; continual evaluation."""
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -71,3 +73,78 @@ def evaluate_class_il(model, tasks, batch_size: int, device: torch.device,
     finally:
         model.train(was_training)
     return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def subsample_indices(n: int, k: int, seed: int, task: int) -> torch.Tensor:
+    """A fixed, seeded subset of min(k, n) of a test set's n row indices, in order. Drawn from a generator of
+    its own (the global RNGs that shuffle training are never touched), from the run's seed and the task."""
+    generator = torch.Generator().manual_seed((int(seed) * 1_000_003 + 7_919 * (int(task) + 1)) % 2**63)
+    return torch.randperm(n, generator=generator)[:min(int(k), n)].sort().values
+
+
+def subsample_tasks(tasks, k: int, seed: int) -> list:
+    """Each task with its test set cut to its fixed seeded subsample (copies; the training data stays)."""
+    import dataclasses
+
+    out = []
+    for t in tasks:
+        idx = subsample_indices(len(t.y_test), k, seed, t.index).to(t.y_test.device)
+        out.append(dataclasses.replace(t, x_test=t.x_test[idx], y_test=t.y_test[idx]))
+    return out
+
+
+class ContinualEvaluator:
+    """Continual evaluation during training (De Lange et al., ICLR 2023): the accuracy of each seen task on a
+    fixed test subsample at the initial model, every `every` optimizer steps of each task (the trained model,
+    called from HarnessPlugin.after_update) and at each task's end (the evaluated model, as the matrix's row).
+
+    `evaluate(model, tasks, batch_size, device, seen) -> (row, task-aware row or None)`: the run's own
+    evaluator (the engine's, prefix cache included in task-IL). A point changes nothing training depends on:
+    no RNG draws, no gradients, eval mode for the evaluation (BatchNorm statistics untouched) and every
+    module's own train/eval flag put back afterwards (frozen blocks stay in eval mode).
+    """
+
+    def __init__(self, tasks, every: int, subsample: int, seed: int, evaluate, batch_size: int, device):
+        self.tasks = subsample_tasks(tasks, subsample, seed)
+        self.every, self.subsample = int(every), int(subsample)
+        self.evaluate, self.batch_size, self.device = evaluate, batch_size, device
+        self.task, self.seen = 0, None
+        self.steps, self.task_of, self.end, self.acc, self.acc_task_aware = [], [], [], [], []
+        self.seconds = 0.0
+
+    def start_task(self, t: int, seen: int | None) -> None:
+        """Task t (0-based) trains next; `seen`: the classes seen once it does (class-IL; None in task-IL)."""
+        self.task, self.seen = t, seen
+
+    def after_step(self, model, step_in_task: int, step: int) -> None:
+        """After an optimizer step: a point every `every` steps of the current task."""
+        if step_in_task % self.every == 0:
+            self.point(model, step)
+
+    def point(self, model, step: int, end: bool = False) -> None:
+        """Evaluate tasks 0..current on their subsamples; `end`: the task's end point."""
+        t0 = time.perf_counter()
+        modes = [(m, m.training) for m in model.modules()]
+        try:
+            row, task_aware = self.evaluate(model, self.tasks[:self.task + 1], self.batch_size, self.device,
+                                            self.seen)
+        finally:
+            for m, mode in modes:  # each module's own flag: a frozen block stays in eval mode
+                m.training = mode
+        unseen = [None] * (len(self.tasks) - len(row))
+        self.steps.append(int(step))
+        self.task_of.append(self.task)
+        self.end.append(bool(end))
+        self.acc.append([*map(float, row), *unseen])
+        if task_aware is not None:
+            self.acc_task_aware.append([*map(float, task_aware), *unseen])
+        self.seconds += time.perf_counter() - t0
+
+    def as_json(self, task_aware: bool) -> dict:
+        """The record's `curve` (RunRecord's docstring); `task_aware`: class-IL's second curve too."""
+        curve = {"every": self.every, "subsample": self.subsample, "n_rows": [len(t.y_test) for t in self.tasks],
+                 "steps": list(self.steps), "task": list(self.task_of), "end": list(self.end),
+                 "acc": [list(r) for r in self.acc]}
+        if task_aware:
+            curve["acc_task_aware"] = [list(r) for r in self.acc_task_aware]
+        return curve

@@ -23,10 +23,14 @@ class HarnessPlugin(SupervisedPlugin):
     replayed samples included) and epochs per training stage (a strategy that trains in
     stages names the current one in `harness_stage`). Work outside the training loop (a
     Fisher estimate, a GPM memory update) is not an optimizer step and is not counted.
+
+    `continual` (a harness.run.evaluation.ContinualEvaluator, or None: off): after each optimizer step
+    it may evaluate the trained model (every k steps of a task), a point of the run's curve.
     """
 
-    def __init__(self):
+    def __init__(self, continual=None):
         super().__init__()
+        self.continual = continual
         self.iterations = 0
         self.experiences = 0
         self.steps_per_task: list[int] = []
@@ -54,6 +58,8 @@ class HarnessPlugin(SupervisedPlugin):
         if self.steps_per_task:
             self.steps_per_task[-1] += 1
             self.samples_per_task[-1] += len(strategy.mbatch[0])
+            if self.continual is not None:
+                self.continual.after_step(strategy.model, self.steps_per_task[-1], sum(self.steps_per_task))
 
     def after_training_epoch(self, strategy, **kwargs):
         if not self.epochs_per_stage:
