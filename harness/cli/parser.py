@@ -11,7 +11,7 @@ import math
 
 from ..config import defaults
 from ..config.errors import UsageError
-from ..config.metrics import METRIC_NAMES
+from ..config.metrics import ANYTIME_NAMES, METRIC_NAMES
 from ..config.paths import DATA_ENV
 
 RUN_EXAMPLES = """examples:
@@ -259,13 +259,15 @@ def _add_report(sub, fmt) -> None:
     rep = sub.add_parser("report", help="paper tables (LaTeX or Markdown): mean ± 95%% CI per method x regime",
                          epilog=REPORT_EXAMPLES, formatter_class=fmt,
                          description="Per dataset, a method x regime table of the metric (mean ± half-width of "
-                                     "the 95% bootstrap CI over task orders, in %), then one of forgetting; best "
-                                     "mean per regime in bold, flagged cells and credible wins marked.")
+                                     "the 95% bootstrap CI over task orders, in %), then one of forgetting (and, when "
+                                     "runs carry continual-evaluation curves, of min-ACC and stability-gap depth); "
+                                     "best mean per regime in bold, flagged cells and credible wins marked.")
     _add_records_source(rep)
     rep.add_argument("--format", required=True, choices=REPORT_FORMATS, help="latex (booktabs) or markdown (GitHub)")
     rep.add_argument("--out", metavar="FILE", help="write the report to FILE (default: standard output)")
-    rep.add_argument("--metric", choices=METRIC_NAMES, default=defaults.METRIC,
-                     help="metric of the first table (default: %(default)s)")
+    rep.add_argument("--metric", choices=(*METRIC_NAMES, *ANYTIME_NAMES), default=defaults.METRIC,
+                     help="metric of the first table (default: %(default)s); the any-time ones (min_acc ... "
+                          "gap_unrecovered) need runs with a continual-evaluation curve")
     rep.add_argument("--rope", type=_rope, default=defaults.ROPE, metavar="POINTS", help=ROPE_HELP)
 
 

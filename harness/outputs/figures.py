@@ -2,7 +2,9 @@
 
 Figures: mean rank per regime (rank shifts), Kendall tau between regimes, update norm vs
 forgetting, accuracy curves over tasks and ACC /
-forgetting with CIs. Regimes run from the smallest trainable subspace to the largest; where a
+forgetting with CIs; when runs carry continual-evaluation curves, the any-time curves around task
+boundaries and the stability gap's depth per regime (none without curves). Regimes run from the
+smallest trainable subspace to the largest; where a
 figure plots against the regime, x is its trainable fraction on a log axis, regime names on top
 (evenly spaced names instead when a fraction is unknown). Legends sit outside the axes.
 """
@@ -25,7 +27,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from ..analysis.frame import percent_scale, regime_order  # noqa: E402
 from ..analysis.result import AnalysisResult  # noqa: E402
 from ..config.files import AtomicWrites, ensure_dir, inside, safe_target  # noqa: E402
-from ..config.metrics import METRICS  # noqa: E402
+from ..config.metrics import ALL_METRICS, METRICS  # noqa: E402
 from ..config.text import terminal_safe  # noqa: E402
 from ..config.vocabulary import Status  # noqa: E402
 from .charts import spread, tick_percent  # noqa: E402
@@ -63,7 +65,7 @@ def write_figures(tables: AnalysisResult, out_dir, formats=FORMATS, log=None, ro
         matplotlib.rcdefaults()  # restored on leaving the context
         matplotlib.rcParams.update(RC)
         for ds in sorted(tables.methods["dataset"].unique()):
-            for kind, draw in FIGURES.items():
+            for kind, draw in {**FIGURES, **ANYTIME_FIGURES}.items():
                 fig = draw(tables, ds)
                 if fig is not None:
                     written += _save(fig, rel / f"{slug(ds)}-{kind}", formats,
@@ -335,9 +337,111 @@ def acc_forgetting(tables: AnalysisResult, ds) -> Figure | None:
 
 def _axis_label(metric: str) -> str:
     """A metric's axis label from the metric table: its label and unit, e.g. "ACC (%)"."""
-    m = METRICS[metric]
-    return f"{m.label} ({m.unit})"
+    m = ALL_METRICS[metric]
+    return f"{m.label} ({'% points' if metric == 'gap_depth' else m.unit})"
+
+
+# ------------------------------------------------------------------------- (f) any-time curves
+
+def _panels(sub: pd.DataFrame, tables: AnalysisResult) -> list[tuple]:
+    """(scenario, regime) panels in regime order; the scenario only named when there are several."""
+    keys = set(zip(sub["scenario"], sub["regime"])) if "scenario" in sub else {(None, r) for r in sub["regime"]}
+    scenarios = sorted({sc for sc, _ in keys}, key=str)
+    return [(sc, rg) for sc in scenarios for rg in _regimes(tables, sub["regime"]) if (sc, rg) in keys]
+
+
+def anytime_curves(tables: AnalysisResult, ds) -> Figure | None:
+    """Mean accuracy on the earlier tasks while each task trains (continual evaluation), with 95% CI
+    bands, one line per method, one panel per regime; dotted lines at task boundaries. Each task's
+    segment starts at its pre-task value (the previous task's end point, on the tasks seen then), so a
+    dip right after a boundary is the stability gap."""
+    sub = tables.anytime_curves[tables.anytime_curves["dataset"] == ds]
+    if sub.empty or sub["old_acc"].notna().sum() == 0:
+        return None
+    scale = percent_scale(tables.runs)
+    panels = _panels(sub, tables)
+    many = len({sc for sc, _ in panels}) > 1
+    style = _style(sub["method"].unique())
+    fig, axes = _figure(len(panels), rows=math.ceil(len(panels) / 4), sharey=True)
+    n_tasks = int(sub["task"].max())
+    for ax, (sc, rg) in zip(axes, panels):
+        d = sub[(sub["regime"] == rg) & ((sub["scenario"] == sc) if "scenario" in sub else True)]
+        for m in sorted(d["method"].unique()):
+            c = d[d["method"] == m].sort_values(["task", "point"])
+            colour, _ = style[m]
+            for t in range(2, n_tasks + 1):
+                seg = _segment(c, t)
+                if seg is None:
+                    continue
+                x, y, lo, hi = seg
+                ax.plot(x, y * scale, color=colour, linewidth=1.0)
+                ax.fill_between(x, lo * scale, hi * scale, color=colour, alpha=0.15, linewidth=0)
+        for b in range(1, n_tasks):
+            ax.axvline(b, color="0.55", linestyle=":", linewidth=0.7, zorder=0)
+        ax.set_xlim(0.9, n_tasks)
+        ax.set_xticks(range(1, n_tasks + 1))
+        ax.set_title(text(rg) + (f" ({text(sc)})" if many else ""))
+        ax.set_xlabel("tasks trained (boundary = integer)")
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    axes[0].set_ylabel("mean accuracy on earlier tasks (%)")
+    fig.suptitle(f"{text(ds)}: accuracy on earlier tasks during training (mean, 95% CI band)")
+    from matplotlib.lines import Line2D
+
+    fig.legend(handles=[Line2D([], [], color=c, label=text(m)) for m, (c, _) in style.items()], title="method",
+               **LEGEND)
+    return fig
+
+
+def _segment(c: pd.DataFrame, t: int):
+    """x, mean, lo, hi of task t's old-task accuracy, preceded by its pre-task value (seen accuracy at
+    task t-1's end point, which is the accuracy on the same tasks); None when task t has no point."""
+    cur = c[(c["task"] == t)].dropna(subset=["old_acc"])
+    if cur.empty:
+        return None
+    pre = c[(c["task"] == t - 1) & c["end"].astype(bool)].dropna(subset=["seen_acc"])
+    x, y = cur["x"].to_numpy(float), cur["old_acc"].to_numpy(float)
+    lo, hi = cur["old_acc_lo"].to_numpy(float), cur["old_acc_hi"].to_numpy(float)
+    if len(pre):
+        p = pre.iloc[-1]
+        x, y = np.r_[p["x"], x], np.r_[p["seen_acc"], y]
+        lo, hi = np.r_[p["seen_acc_lo"], lo], np.r_[p["seen_acc_hi"], hi]
+    return x, y, lo, hi
+
+
+# ------------------------------------------------------------------------- (g) gap depth per regime
+
+def gap_depth(tables: AnalysisResult, ds) -> Figure | None:
+    """Mean stability-gap depth per regime and method (runs with a curve), 95% CI whiskers, against the
+    trainable fraction; the trend of each method (tables.gap_trend) in the legend."""
+    sub = _methods_of(tables, ds).dropna(subset=["gap_depth"])
+    if sub.empty:
+        return None
+    scale = percent_scale(tables.runs)
+    regimes = _regimes(tables, sub["regime"])
+    pos, log = regime_x(tables, ds, regimes)
+    methods = sorted(sub["method"].unique())
+    style = _style(methods)
+    trend = tables.gap_trend[tables.gap_trend["dataset"] == ds]
+    trend = dict(zip(trend["method"], trend["trend"]))
+    fig, (ax,) = _figure(extra_w=1.8)
+    fig.set_size_inches(min(7.5, max(4.5, 0.9 * len(regimes) * max(1, len(methods) / 4) + 2.2)), PANEL_H + 0.6)
+    for i, m in enumerate(methods):
+        d = sub[sub["method"] == m].assign(x=lambda f: f["regime"].map(pos)).sort_values("x")
+        err = np.vstack([d["gap_depth"] - d["gap_depth_lo"], d["gap_depth_hi"] - d["gap_depth"]]).clip(min=0) * scale
+        colour, marker = style[m]
+        label = text(m) + (f" ({trend[m]})" if m in trend else "")
+        ax.errorbar(_dodged(d["x"].to_numpy(), pos, log, i, len(methods), 0.25), d["gap_depth"] * scale, yerr=err,
+                    color=colour, marker=marker, label=label)
+    ax.axhline(0, color="0.5", linewidth=0.6, zorder=0)
+    ax.set_ylabel(f"{_axis_label('gap_depth')}, 95% CI")
+    _regime_axis(ax, pos, log)
+    fig.suptitle(f"{text(ds)}: stability-gap depth per regime")
+    fig.legend(title="method (trend)", **LEGEND)
+    return fig
 
 
 FIGURES = {"rank-shift": rank_shift, "tau": tau_heatmap, "norm-forgetting": norm_forgetting,
            "curves": curves, "acc-forgetting": acc_forgetting}
+# drawn only when runs carry continual-evaluation curves (each returns None otherwise)
+ANYTIME_FIGURES = {"anytime-curves": anytime_curves, "gap-depth": gap_depth}

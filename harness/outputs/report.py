@@ -1,7 +1,9 @@
 """Paper tables from `analyse(records)`: per dataset, method x regime cells "mean ± CI half-width".
 
 Pure functions (tables in, text out): `report_markdown` for a GitHub table, `report_latex` for
-a booktabs table. Each dataset gets the chosen metric's table, then forgetting's. Two tables,
+a booktabs table. Each dataset gets the chosen metric's table, then forgetting's, and when runs carry
+a continual-evaluation curve, min-ACC's and the stability gap's depth (ANYTIME_SHOWN). Any metric of
+either metric table (config/metrics.py METRICS, ANYTIME) can lead. Separate tables,
 not two lines per cell: a Markdown cell holds one line, each table has its own best cell per
 column (the metric table says which way is better; formatting.best_as_printed decides), and
 either table can be pasted alone.
@@ -16,13 +18,15 @@ import pandas as pd
 
 from ..analysis.frame import FLAG, percent_scale, regime_order
 from ..analysis.result import AnalysisResult, AnalysisSettings
-from ..config.metrics import METRICS
+from ..config.errors import UsageError
+from ..config.metrics import ALL_METRICS, ANYTIME
 from ..config.text import terminal_safe
 from .formatting import MISSING, TEX_MISSING, best_as_printed, half_width, mean_ci, rope_text, slug
 
 CREDIBLE_METRIC = "acc"  # the Bayesian comparison (AnalysisResult.bayes) is over ACC
 MD_CREDIBLE, TEX_CREDIBLE = "‡", r"\ddag"
 TEX_FLAG = r"\dag"
+ANYTIME_SHOWN = ("min_acc", "gap_depth")  # the any-time tables a report adds when runs have curves
 
 
 @dataclass(frozen=True)
@@ -52,15 +56,27 @@ class Grid:
 
 
 def grids(tables: AnalysisResult, metric: str = "acc") -> list[list[Grid]]:
-    """Per dataset (sorted), the metric's grid and then forgetting's (once if metric is forgetting)."""
-    if metric not in METRICS:
-        raise ValueError(f"metric {metric!r} is not one of {', '.join(METRICS)}")
+    """Per dataset (sorted), the metric's grid, then forgetting's, then (when a run has a continual-
+    evaluation curve) min-ACC's and gap depth's; each once. An any-time metric needs curves."""
+    if metric not in ALL_METRICS:
+        raise ValueError(f"metric {metric!r} is not one of {', '.join(ALL_METRICS)}")
+    curves = has_curves(tables)
+    if metric in ANYTIME and not curves:
+        raise UsageError(f"--metric {metric}: no run has a continual-evaluation curve (the protocol's "
+                         f"evaluation.every); choose one of the end-of-task metrics")
     regimes = regime_order(tables.runs)
     scale = percent_scale(tables.runs)
-    shown = (metric,) if metric == "forgetting" else (metric, "forgetting")
+    shown = tuple(dict.fromkeys((metric, "forgetting", *(ANYTIME_SHOWN if curves else ()))))
     note = _credible_note(tables.settings)
-    return [[_grid(sub, tables.runs, ds, m, regimes, scale, tables.bayes, note) for m in shown]
+    return [[_grid(sub, tables.runs, ds, m, regimes, scale if ALL_METRICS[m].unit == "%" else 1.0, tables.bayes,
+                   note) for m in shown]
             for ds, sub in tables.methods.groupby("dataset", sort=True)]
+
+
+def has_curves(tables: AnalysisResult) -> bool:
+    """True when some run carries a continual-evaluation curve (frame column has_curve)."""
+    runs = tables.runs
+    return bool("has_curve" in runs and runs["has_curve"].astype(bool).any())
 
 
 def _grid(sub: pd.DataFrame, runs: pd.DataFrame, ds, metric: str, order, scale: float, bayes: pd.DataFrame,
@@ -73,7 +89,7 @@ def _grid(sub: pd.DataFrame, runs: pd.DataFrame, ds, metric: str, order, scale: 
         if not math.isnan(mean):
             half = half_width(getattr(r, f"{metric}_lo"), getattr(r, f"{metric}_hi"), scale)
             cells[(r.method, r.regime)] = Cell(mean * scale, half, int(r.n_flagged))
-    cells = _mark_best(cells, regimes, METRICS[metric].higher_is_better)
+    cells = _mark_best(cells, regimes, ALL_METRICS[metric].higher_is_better)
     if metric == CREDIBLE_METRIC:
         cells = _mark_credible(cells, regimes, bayes[bayes["dataset"] == ds])
     ds_runs = runs[runs["dataset"] == ds]
@@ -103,7 +119,7 @@ def _mark_credible(cells: dict, regimes, bayes: pd.DataFrame) -> dict:
     """Mark a column's best method where the Bayesian test decides for it against the runner-up."""
     out = dict(cells)
     for rg in regimes:
-        col = _column(cells, rg, METRICS[CREDIBLE_METRIC].higher_is_better)
+        col = _column(cells, rg, ALL_METRICS[CREDIBLE_METRIC].higher_is_better)
         if len(col) < 2:
             continue
         (best, cell), (runner, _) = col[0], col[1]
@@ -133,9 +149,12 @@ def _caption(g: Grid) -> str:
     runs = f"{g.n_orders} task orders" + (f" × {g.n_seeds} seeds" if g.n_seeds > 1 else "")
     lo, hi = g.ok_range
     ok = f"; ok runs per cell: {lo}–{hi}" if lo != hi else ""
-    metric = METRICS[g.metric]
+    metric = ALL_METRICS[g.metric]
     best = "highest" if metric.higher_is_better else "lowest"
-    return (f"{metric.label} ({metric.unit}), mean over {runs}{ok}; ± is half the width of the 95% percentile "
+    unit = "% points" if g.metric == "gap_depth" else metric.unit
+    # no comma before the first ", ": the Markdown caption bolds what comes before it
+    during = " (any-time; from the runs' continual-evaluation curves)" if g.metric in ANYTIME else ""
+    return (f"{metric.label} ({unit}){during}, mean over {runs}{ok}; ± is half the width of the 95% percentile "
             f"bootstrap CI of the mean. Bold: the {best} mean of each regime (as printed).")
 
 
