@@ -23,7 +23,7 @@ def page(w: SiteWriter, rec: RunRecord, dataset: str | None = None) -> Path:
     ctx = {"title": f"run {rid}", "rec": rec, "spec": rec.spec.to_dict(),
            "cmd": reproduce_command(rid, w.base["results_dir"], rec),
            "method": rec.method, "dataset": rec.dataset if dataset is None else dataset,
-           "matrices": _matrices(rec), "metric_rows": _metric_rows(rec),
+           "matrices": _matrices(rec), "metric_rows": _metric_rows(rec), "anytime": _curves(rec, w.base["scale"]),
            "norm_rows": _norm_rows(norms), "shared": series(norms.get("shared")) or [],
            "diagnostics": named_series(rec.diagnostics),
            "sweeps": sweep_panels(sweeps([rec], w.base["regimes"]), w.base["scale"]),
@@ -41,6 +41,20 @@ def _matrices(rec: RunRecord) -> list[dict]:
              "slug": "accuracy-matrix-class-il"},
             {"label": "task-aware (predictions masked to the task's classes)", "m": charts.matrix_cells(aware),
              "slug": "accuracy-matrix-task-aware"}]
+
+
+def _curves(rec: RunRecord, scale: float) -> list[dict]:
+    """The run's continual-evaluation curve as charts: class-IL and task-aware for a class-IL run; [] without one."""
+    curve = getattr(rec, "curve", None)
+    if not isinstance(curve, dict):
+        return []
+    aware = curve.get("acc_task_aware") is not None
+    out = [{"label": "class-IL (no task id at test time)" if aware else "", "slug": "curve",
+            "chart": charts.run_curve(curve, scale)}]
+    if aware:
+        out.append({"label": "task-aware (predictions masked to the task's classes)", "slug": "curve-task-aware",
+                    "chart": charts.run_curve(curve, scale, "acc_task_aware")})
+    return [c for c in out if c["chart"] is not None]
 
 
 def _metric_rows(rec: RunRecord) -> list[dict]:
