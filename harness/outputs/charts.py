@@ -592,7 +592,9 @@ def run_curve(curve: dict, scale: float, key: str = "acc") -> dict | None:
                for p in range(len(steps)) if j < len(acc[p] or []) and is_number(acc[p][j])]
         if pts:
             vals += [p[1] for p in pts]
-            series.append({"name": f"task {j + 1}", "colour": task_colour(j, n), "segments": [pts]})
+            # one hue per task (not the light-to-dark task scale): crossing lines must stay apart
+            series.append({"name": f"task {j + 1}", "colour": METHOD_COLOURS[j % len(METHOD_COLOURS)],
+                           "segments": [pts]})
     if not series:
         return None
     bounds = [float(s) for s, e in zip(steps, ends) if e]
@@ -601,6 +603,6 @@ def run_curve(curve: dict, scale: float, key: str = "acc") -> dict | None:
     ticks = [{"x": v, "label": f"{v:g}"} for v in nice_ticks(0.0, x1, 8)]
     notes = [{"name": "task end (evaluated model)", "kind": "end"}, {"name": "task boundary", "kind": "boundary"}]
     return curve_chart(series, ylo, yhi, xlabel="optimizer step", ylabel="accuracy" + (" %" if scale == 100 else ""),
-                       xticks=ticks, x0=0.0, x1=x1, notes=notes, size={"W": 620, "H": 220},
+                       xticks=ticks, x0=0.0, x1=x1, notes=notes, size={"W": 780, "H": 240},
                        vlines=[{"at": b, "name": f"end of task {i + 1} (step {b:g})"}
                                for i, b in enumerate(bounds[:-1])])
