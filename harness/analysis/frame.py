@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from ..config.metrics import METRIC_NAMES
+from ..config.metrics import ANYTIME_NAMES, METRIC_NAMES, anytime_of_record
 from ..config.specs import RunRecord
 from ..config.text import terminal_safe
 from ..config.vocabulary import WARNINGS, Scenario, Status, regime_sort_key, written_family
@@ -18,7 +18,10 @@ COLUMNS = ("run_id", "status", "error", "protocol", "protocol_version", "dataset
            *METRIC_NAMES, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware",
            "trainable_params", "total_params", "trainable_fraction", "total_s", "is_submission",
            "optimizer_steps", "samples_seen", "memory_samples", "memory_bytes", "n_warnings", "warning_codes",
-           "flagged", "ranked")
+           "flagged", "has_curve", *ANYTIME_NAMES, "ranked")
+# has_curve: the record carries a continual-evaluation curve; the ANYTIME_NAMES columns are its any-time
+# metrics (config/metrics.py ANYTIME), computed on read from the curve the store verified; NaN without a
+# curve, and for a run that did not finish (its curve stops where it failed).
 FLAG = "⚑"  # marks cells with flagged runs, in the terminal summary and on the site
 
 
@@ -92,7 +95,16 @@ def _row(rec: RunRecord) -> dict:
         "n_warnings": len(rec.warnings or []),
         "warning_codes": ",".join(warning_codes(rec.warnings)),
         "flagged": rec.flagged,
+        "has_curve": rec.curve is not None,
+        **_anytime(rec),
     }
+
+
+def _anytime(rec: RunRecord) -> dict:
+    """The any-time metrics of a finished run's curve (NaN each without one, or where undefined)."""
+    if rec.curve is None or rec.status != Status.OK:
+        return dict.fromkeys(ANYTIME_NAMES, math.nan)
+    return {k: _num(v) for k, v in anytime_of_record(rec.curve).items()}
 
 
 def ranked_runs(frame: pd.DataFrame, include_flagged: bool = False) -> pd.Series:
@@ -105,7 +117,7 @@ def records_to_frame(records, include_flagged: bool = False) -> pd.DataFrame:
     """One row per record (failed runs included, their metrics NaN); `ranked` per include_flagged."""
     frame = pd.DataFrame([_row(r) for r in records], columns=list(COLUMNS))
     frame = frame.astype({"order": "int64", "seed": "int64", "is_submission": "bool",
-                          "n_warnings": "int64", "flagged": "bool"})
+                          "n_warnings": "int64", "flagged": "bool", "has_curve": "bool"})
     return frame.assign(ranked=ranked_runs(frame, include_flagged).astype(bool))
 
 

@@ -58,6 +58,12 @@ class AnalysisResult:
     # (dataset, regime) of class-IL records: tau between the task-aware and the class-IL ranking of the
     # same runs, beside the tau between this regime and the others (class-IL rankings)
     scenario_tau: pd.DataFrame
+    # any-time evaluation (runs with a continual-evaluation curve; anytime.py): no rows without one.
+    # (dataset, regime, method, task, point): mean old/seen/first-task accuracy with CIs around task boundaries
+    anytime_curves: pd.DataFrame
+    anytime_ranks: pd.DataFrame  # (dataset, regime, method): ACC, min-ACC, WC-ACC, A_AUC and their mean ranks
+    anytime_tau: pd.DataFrame  # (dataset, regime): tau_b between the ACC ranking and each any-time ranking
+    gap_trend: pd.DataFrame  # (dataset, method): stability-gap depth vs trainable fraction and update norm
     budget: pd.DataFrame  # per method: mean steps, samples and memory kept, steps relative to the median method
     flagged: pd.DataFrame  # one row per flagged record: where it ran and its warnings
     settings: AnalysisSettings

@@ -5,16 +5,17 @@ import math
 
 import pandas as pd
 
-from harness.analysis import correlations, curves, decisions, families, power, ranks, scenarios, stats
+from harness.analysis import anytime, correlations, curves, decisions, families, power, ranks, scenarios, stats
 from harness.analysis.coverage import Cells, coverage_table
 from harness.analysis.degenerate import degenerate_regimes, degenerate_table
 from harness.analysis.frame import percent_scale, records_to_frame, regime_order, warning_codes
 from harness.analysis.result import AnalysisResult, AnalysisSettings
-from harness.config.metrics import METRIC_NAMES
+from harness.config.metrics import ANYTIME_NAMES, METRIC_NAMES
 from harness.config.vocabulary import Scenario, Status
 
 # acc/forgetting_task_aware: class-IL runs' masked (task-id given) view; NaN for task-IL runs
-VALUES = (*METRIC_NAMES, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware")
+# ANYTIME_NAMES: the any-time metrics of runs with a continual-evaluation curve (NaN without one)
+VALUES = (*METRIC_NAMES, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware", *ANYTIME_NAMES)
 # mean only: a budget is set by the protocol, not sampled; memory: what the method keeps after the last task
 BUDGET = ("optimizer_steps", "samples_seen", "memory_samples", "memory_bytes")
 
@@ -138,6 +139,7 @@ def _tables(records, frame: pd.DataFrame, seed: int, rope: float) -> dict[str, p
     reversals = _with_credible(ranks.rank_reversals(frame, cells, skip=skip), credible, bayes)
     tau = ranks.regime_agreement(frame, cells, seed, skip)
     family_tau = families.family_tau(tau, order)
+    any_cells = anytime.metric_cells(frame)
     return dict(
         coverage=coverage_table(frame),
         methods=mt.merge(mr, on=["dataset", "regime", "method"], how="left"),
@@ -168,6 +170,11 @@ def _tables(records, frame: pd.DataFrame, seed: int, rope: float) -> dict[str, p
         step_level=correlations.step_level(records, frame, seed),
         # class-IL only: does the scenario reorder methods as much as the regime does (scenarios.py)
         scenario_tau=scenarios.scenario_agreement(frame, tau, cells, seed, skip),
+        # any-time evaluation (anytime.py): runs with a continual-evaluation curve only
+        anytime_curves=anytime.curves(records, seed),
+        anytime_ranks=anytime.ranks(frame, any_cells),
+        anytime_tau=anytime.tau(frame, any_cells, seed),
+        gap_trend=anytime.gap_trend(frame, power.ALPHA, seed),
         budget=budget_table(frame),
     )
 

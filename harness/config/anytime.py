@@ -303,3 +303,45 @@ def summary(curve: Curve, window: int, tol: float = RECOVERY_TOL) -> dict:
         "a_auc": a_auc(curve),
         "wf": windowed_forgetting_mean(curve, window),
     }
+
+
+def window_of(every: int) -> int:
+    """The WF window (in optimizer steps) cl-bench uses for a curve evaluated every `every` steps:
+    every + 1, the smallest window that pairs neighbouring points (the spec asks w >= every + 1;
+    with per-step evaluation it is De Lange et al.'s shortest, WF^2; at every = 10 it is the
+    closest to their WF^10). WF is then the largest drop between two neighbouring points."""
+    if isinstance(every, bool) or int(every) != every or every < 1:
+        raise ValueError(f"curve: every is a whole number of steps >= 1, got {every!r}")
+    return int(every) + 1
+
+
+def curve_from_record(curve: dict, accuracy: str = "acc") -> Curve:
+    """The `Curve` of a record's `curve` field (RunRecord; format: docs/metrics-anytime.md).
+
+    The record's points carry global cumulative optimizer steps (`steps`), the task training at
+    each (`task`, 0-based) and `end` (the task's end point: the evaluated model, at its last step).
+    Task k's bounds are (end step of task k-1, or 0; end step of task k). A task whose end point is
+    missing (a run that failed during it) ends at its last point; a task with no point at all (never
+    trained) gets the empty bounds (previous end, previous end). `accuracy`: the record key of the
+    per-point accuracies, "acc" (the main accuracy; class-IL accuracy in class-IL) or, in class-IL,
+    "acc_task_aware".
+    """
+    try:
+        steps, tasks, ends, acc = curve["steps"], curve["task"], curve["end"], curve[accuracy]
+    except (KeyError, TypeError):
+        raise ValueError(f"curve: not a record's curve with steps, task, end and {accuracy}") from None
+    if not (len(steps) == len(tasks) == len(ends) == len(acc)):
+        raise ValueError("curve: steps, task, end and acc must have one entry per point")
+    T = max((len(row) for row in acc), default=0)
+    last, end_step = {}, {}
+    for s, k, e in zip(steps, tasks, ends):
+        last[int(k)] = int(s)
+        if e:
+            end_step[int(k)] = int(s)
+    bounds, prev = [], 0
+    for k in range(T):
+        end = end_step.get(k, last.get(k, prev))
+        bounds.append((prev, end))
+        prev = end
+    return Curve(steps=tuple(steps), training=tuple(tasks), bounds=tuple(bounds),
+                 acc=tuple(tuple(row) for row in acc))

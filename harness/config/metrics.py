@@ -10,7 +10,12 @@ literature it names; the identity ACC = LA + ((T-1)/T) * BWT holds for any squar
 analysis aggregates and the report, figures, site and export label. Order matters: it is the
 order of the keys in a record's `metrics`. Values are accuracies (fractions of 1); pages show
 them in percent (points, for differences).
-Any-time metrics over a continual-evaluation curve: harness.config.anytime (spec: docs/metrics-anytime.md).
+
+`ANYTIME` (name -> Metric) is the second table: the any-time metrics of a run with a continual-
+evaluation curve (record field `curve`), computed from it (harness.config.anytime; spec, choices
+and sources: docs/metrics-anytime.md). Same `Metric` type; their `function` takes the `Curve` and
+the WF window. They are not stored in a record's `metrics`: the analysis computes them on read
+from the verified curve (NaN for a run without one).
 
 numpy is imported when a metric is computed, not when this module is: the CLI's parser reads
 the table's names, and `cl-bench --help` stays numpy-free.
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from . import anytime
 
 
 def acc(R, init) -> float:
@@ -120,3 +127,78 @@ def step_forgetting(R) -> list:
 
     R = np.asarray(R, dtype=float)
     return [None] + [float(np.mean(R[t - 1, :t] - R[t, :t])) for t in range(1, len(R))]
+
+
+# ---------------------------------------------------------------- any-time metrics (second table)
+# Each takes the run's Curve and the WF window (steps); None where the curve cannot give a value.
+
+def min_acc(curve, window: int) -> float | None:
+    """min-ACC at the end of the curve, averaged over the old tasks (De Lange et al. 2023)."""
+    return anytime.min_acc_mean(curve)
+
+
+def wc_acc(curve, window: int) -> float | None:
+    """WC-ACC at the end of the curve (De Lange et al. 2023)."""
+    return anytime.wc_acc(curve)
+
+
+def a_auc(curve, window: int) -> float | None:
+    """A_AUC: area under the seen-tasks accuracy over steps, over the step span (Koh et al. 2022)."""
+    return anytime.a_auc(curve)
+
+
+def gap_depth(curve, window: int) -> float | None:
+    """Mean stability-gap depth (pre-task minus in-task minimum) over the (boundary, old task) gaps."""
+    return anytime.summary(curve, window)["gap_depth"]
+
+
+def gap_recovery(curve, window: int) -> float | None:
+    """Mean steps from a task's start until an old task regains its pre-task accuracy (recovered gaps)."""
+    return anytime.summary(curve, window)["gap_recovery"]
+
+
+def wf(curve, window: int) -> float | None:
+    """WF^(window): windowed forgetting, averaged over the seen tasks (De Lange et al. 2023)."""
+    return anytime.windowed_forgetting_mean(curve, window)
+
+
+def gap_unrecovered(curve, window: int) -> float | None:
+    """How many (boundary, old task) gaps never regained the pre-task accuracy during the new task."""
+    return float(anytime.summary(curve, window)["gap_unrecovered"])
+
+
+_DL23 = "De Lange, van de Ven & Tuytelaars, ICLR 2023"
+ANYTIME = {m.name: m for m in (
+    Metric("min_acc", "min-ACC", "%", True, min_acc,
+           f"lowest accuracy of each old task after it was learned, averaged over old tasks ({_DL23})"),
+    Metric("wc_acc", "WC-ACC", "%", True, wc_acc,
+           f"worst-case accuracy: current task's accuracy and old tasks' min-ACC, weighted 1/k ({_DL23})"),
+    Metric("a_auc", "A_AUC", "%", True, a_auc,
+           "any-time average accuracy: area under the seen-tasks accuracy curve over training steps, "
+           "normalised by the step span (Koh et al., ICLR 2022)"),
+    Metric("gap_depth", "gap depth", "%", False, gap_depth,
+           f"stability gap: drop of an old task's accuracy from before a new task to its minimum during it, "
+           f"mean over task boundaries and old tasks (cl-bench's measure of the gap of {_DL23})"),
+    Metric("gap_recovery", "gap recovery", "steps", False, gap_recovery,
+           "optimizer steps from a task's start until an old task is back within tolerance of its pre-task "
+           "accuracy, mean over the gaps that recovered (cl-bench)"),
+    Metric("wf", "WF", "%", False, wf,
+           f"windowed forgetting: largest accuracy drop within a window of steps, mean over tasks ({_DL23})"),
+    Metric("gap_unrecovered", "unrecovered gaps", "count", False, gap_unrecovered,
+           "how many (task boundary, old task) gaps never regained the pre-task accuracy during the new task"),
+)}
+ANYTIME_NAMES = tuple(ANYTIME)
+ALL_METRICS = {**METRICS, **ANYTIME}
+"""Both tables by name: what the report and figures can show."""
+
+
+def all_anytime(curve, window: int, tol: float = anytime.RECOVERY_TOL) -> dict:
+    """Every any-time metric of a Curve, in ANYTIME order (None where undefined); one pass over the gaps."""
+    s = anytime.summary(curve, window, tol)
+    return {name: s[name] for name in ANYTIME_NAMES}
+
+
+def anytime_of_record(curve: dict) -> dict:
+    """Every any-time metric of a record's `curve` field (main accuracy `acc`), with cl-bench's
+    choices: WF window = every + 1 (anytime.window_of), gap tolerance anytime.RECOVERY_TOL."""
+    return all_anytime(anytime.curve_from_record(curve), anytime.window_of(curve["every"]))
