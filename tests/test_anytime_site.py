@@ -206,7 +206,7 @@ def test_site_with_curves_has_the_section_and_escapes(curve_site):
     assert "Any-time evaluation" in method and "gap depth" in method
     rec = next(r for r in records if r.curve is not None)
     run = (out / "runs" / f"{slug(rec.run_id)}.html").read_text()
-    assert "Accuracy during training" in run and "task end (evaluated model)" in run
+    assert "Accuracy during training" in run and "task end (evaluated model)" in run and "min-ACC" in run
     assert XSS not in (out / f"method-{slug(XSS)}.html").read_text()
 
 
@@ -218,3 +218,20 @@ def test_site_without_curves_has_no_section(tmp_path):
         assert "Any-time" not in html and "Accuracy during training" not in html, page.name
         assert "harness_eval_model_now" not in html
     assert not list((tmp_path / "data").glob("*anytime*")) and not list((tmp_path / "data").glob("*gap_trend*"))
+
+
+def test_run_page_metrics_from_the_curve_by_hand():
+    from harness.outputs.site.run import _anytime_rows
+
+    curve = {"every": 10, "subsample": 100, "n_rows": [10, 10], "steps": [0, 10, 20, 20, 30, 40, 40],
+             "task": [0, 0, 0, 0, 1, 1, 1], "end": [False, False, False, True, False, False, True],
+             "acc": [[0.5, None], [0.8, None], [0.9, None], [1.0, None], [0.6, 0.7], [0.8, 0.9], [0.85, 0.95]]}
+    rec = RunRecord.from_dict({**json.loads(FIXTURE.read_text())[0], "curve": curve})
+    (row,) = _anytime_rows(rec)
+    v = row["values"]
+    assert row["label"] == ""  # task-IL: one accuracy
+    # task 1 after its last update (step 20): 0.6, 0.8, 0.85 -> min-ACC 0.6; WC-ACC = 0.95 / 2 + 0.6 / 2
+    assert v["min_acc"] == pytest.approx(0.6) and v["wc_acc"] == pytest.approx(0.775)
+    # the gap at task 2's start: 1.0 at task 1's end, 0.6 at its lowest during task 2; never back within 0.01
+    assert v["gap_depth"] == pytest.approx(0.4) and v["gap_recovery"] is None and v["gap_unrecovered"] == 1
+    assert _anytime_rows(RunRecord.from_dict(json.loads(FIXTURE.read_text())[0])) == []
