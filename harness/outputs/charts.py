@@ -471,3 +471,138 @@ def sweep_panel(sweep: Sweep, scale: float) -> dict:
     panel = line_panel(series, sorted({x for s in series for x, *_ in s["pts"]}), ylo, yhi,
                        xlabel=xk, ylabel=yk + (" %" if f == 100 else ""), vlines=vlines, notes=notes)
     return {**panel, "rows": rows, "x_key": xk, "y_key": yk, "others": others, "same": same, "percent": f == 100}
+
+
+# ---------------------------------------------------------------- any-time curves (continual evaluation)
+
+CURVE = {"W": 420, "H": 200, "L": 46, "T": 12, "B": 38}
+BOUNDARY = "#9aa3ad"  # task boundaries: a light dashed grey under the lines
+
+
+def curve_chart(series: list[dict], ylo: float, yhi: float, *, xlabel: str, ylabel: str, xticks: list[dict],
+                x0: float, x1: float, vlines: list[dict] | None = None, notes: list[dict] | None = None,
+                size: dict | None = None) -> dict:
+    """A line chart in px whose lines break: series = [{name, colour, segments: [[(x, y, lo, hi, end, at)]]}],
+    each segment its own polyline and CI band; a point with end=True is drawn as a task's end point (a ring),
+    `at` is its hover text. xticks = [{x, label}] in data units; vlines = [{at, name}] task boundaries;
+    notes: extra legend entries ({name, kind: "end" | "boundary"}). size overrides CURVE's W, H, L, T, B.
+    The legend sits right of the plot, inside the SVG (a downloaded chart explains itself)."""
+    g = {**CURVE, **(size or {})}
+    W, H, L, T, B = (g[k] for k in ("W", "H", "L", "T", "B"))
+    x1 = x1 if x1 > x0 else x0 + 1
+    yhi = yhi if yhi > ylo else ylo + 1
+
+    def px(x):
+        return round(L + (x - x0) / (x1 - x0) * W, 1)
+
+    def py(y):
+        return round(T + H - (min(max(y, ylo), yhi) - ylo) / (yhi - ylo) * H, 1)
+
+    drawn = []
+    for s in series:
+        lines, bands, dots = [], [], []
+        for seg in s["segments"]:
+            pts = [p for p in seg if is_number(p[1])]
+            if len(pts) > 1:
+                lines.append(" ".join(f"{px(p[0])},{py(p[1])}" for p in pts))
+            band = [p for p in pts if is_number(p[2]) and is_number(p[3])]
+            if len(band) > 1:
+                poly = [(px(p[0]), py(p[3])) for p in band] + [(px(p[0]), py(p[2])) for p in reversed(band)]
+                bands.append(" ".join(f"{a},{b}" for a, b in poly))
+            dots += [{"x": px(p[0]), "y": py(p[1]), "v": p[1], "lo": clean(p[2]), "hi": clean(p[3]),
+                      "end": bool(p[4]), "at": p[5]} for p in pts]
+        drawn.append({"name": s["name"], "colour": s["colour"], "lines": lines, "bands": bands, "dots": dots})
+    legend = [{"name": s["name"], "colour": s["colour"], "kind": "line"} for s in series] + \
+        [{"name": e["name"], "colour": e.get("colour", "#555"), "kind": e["kind"]} for e in notes or []]
+    right = max([text_width(e["name"], 10) for e in legend] + [20]) + 34
+    return {"series": drawn, "W": W, "H": H, "L": L, "T": T, "x0": L, "x1": L + W, "xlabel": xlabel,
+            "ylabel": ylabel, "width": math.ceil(L + W + right),
+            "height": max(T + H + B, T + 14 * len(legend) + 8),
+            "xticks": [{"x": px(t["x"]), "label": t["label"]} for t in xticks if x0 <= t["x"] <= x1],
+            "yticks": [{"y": py(y), "label": f"{y:g}"} for y in nice_ticks(ylo, yhi, 5)],
+            "vlines": [{"x": px(v["at"]), "name": v["name"]} for v in vlines or []
+                       if is_number(v.get("at")) and x0 <= v["at"] <= x1],
+            "legend": [{**e, "y": T + 10 + 14 * i} for i, e in enumerate(legend)]}
+
+
+def _ci(v, lo, hi, scale):
+    """(y, lo, hi) scaled, None where missing."""
+    return tuple(clean(float(x)) * scale if is_number(clean(x)) else None for x in (v, lo, hi))
+
+
+def anytime_panels(curves: pd.DataFrame, regs, colours: dict, scale: float, key: str = "old_acc") -> list[dict]:
+    """Accuracy on the old tasks during training (continual evaluation), one panel per regime, one line per
+    method (mean over runs, 95% CI band), x in tasks: task k trains from x = k - 1 to x = k.
+
+    Each task's segment is drawn on its own (the old tasks change at a boundary). It starts at the accuracy
+    on the same old tasks before the task's first update: the previous task's end point on the tasks seen
+    (`seen_acc`, which averages exactly those tasks), unless the table has a point of its own there. End
+    points (the evaluated model, as in the accuracy matrix) are rings. All panels share the y axis.
+    """
+    if curves.empty:
+        return []
+    ends = curves[curves["end"].astype(bool)]  # their seen_acc starts the next task's segment
+    vals = [v * scale for df, cols in ((curves, (key, f"{key}_lo", f"{key}_hi")),
+                                       (ends, ("seen_acc", "seen_acc_lo", "seen_acc_hi")))
+            for col in cols for v in df[col].tolist() if is_number(clean(v))]
+    ylo, yhi = y_limits(vals, 0.0, 100.0 if scale == 100 else 1.0)
+    n_tasks = int(curves["task"].max())
+    first = float(min(n_tasks - 1, 1))  # task 1 has no old tasks: the axis starts at its end
+    ticks = [{"x": k - 0.5, "label": f"t{k}"} for k in range(1, n_tasks + 1)]
+    vlines = [{"at": float(k), "name": f"end of task {k}"} for k in range(1, n_tasks)]
+    notes = [{"name": "task end (evaluated model)", "kind": "end"}, {"name": "task boundary", "kind": "boundary"}]
+    unit = " %" if scale == 100 else ""
+    panels = []
+    for rg in regs:
+        sub = curves[curves["regime"] == rg]
+        if sub.empty or not sub[key].notna().any():
+            continue
+        series = []
+        for m, g in sub.groupby("method", sort=True):
+            g = g.sort_values(["task", "x", "point"])
+            segments = []
+            for k, seg in g.groupby("task", sort=True):
+                pts = [(float(x), *_ci(v, lo, hi, scale), bool(e), f"task {k}, step {int(o)} of the task, n = {int(n)}")
+                       for x, v, lo, hi, e, o, n in zip(seg["x"], seg[key], seg[f"{key}_lo"], seg[f"{key}_hi"],
+                                                       seg["end"], seg["offset"], seg["n"])]
+                prev = g[(g["task"] == k - 1) & g["end"].astype(bool)]
+                if len(prev) and not (seg["x"] <= k - 1 + 1e-9).any():
+                    r = prev.iloc[-1]
+                    pts.insert(0, (float(k - 1), *_ci(r["seen_acc"], r["seen_acc_lo"], r["seen_acc_hi"], scale), True,
+                                   f"end of task {k - 1}: tasks 1..{k - 1} before task {k}, n = {int(r['n'])}"))
+                segments.append([p for p in pts if p[1] is not None])
+            series.append({"name": m, "colour": colours.get(m, METHOD_COLOURS[0]), "segments": segments})
+        panels.append({"regime": rg, **curve_chart(
+            series, ylo, yhi, xlabel="training task (boundaries dashed)", ylabel="ACC on old tasks" + unit,
+            xticks=ticks, x0=first, x1=float(n_tasks), vlines=vlines, notes=notes, size={"W": 700, "H": 220})})
+    return panels
+
+
+def run_curve(curve: dict, scale: float, key: str = "acc") -> dict | None:
+    """One run's continual-evaluation curve (record.curve): accuracy on every task seen so far against the
+    optimizer step, one line per task (from its first point on), task ends as rings, boundaries dashed."""
+    steps, tasks, ends, acc = (curve.get(k) or [] for k in ("steps", "task", "end", key))
+    if not steps or len(acc) != len(steps):
+        return None
+    n = max([len(row or []) for row in acc] + [0])
+    series, vals = [], []
+    for j in range(n):
+        pts = [(float(steps[p]), float(acc[p][j]) * scale, None, None, bool(ends[p]) if p < len(ends) else False,
+                f"step {steps[p]} (training task {tasks[p] + 1}{', its end' if p < len(ends) and ends[p] else ''})")
+               for p in range(len(steps)) if j < len(acc[p] or []) and is_number(acc[p][j])]
+        if pts:
+            vals += [p[1] for p in pts]
+            # one hue per task (not the light-to-dark task scale): crossing lines must stay apart
+            series.append({"name": f"task {j + 1}", "colour": METHOD_COLOURS[j % len(METHOD_COLOURS)],
+                           "segments": [pts]})
+    if not series:
+        return None
+    bounds = [float(s) for s, e in zip(steps, ends) if e]
+    ylo, yhi = y_limits(vals, 0.0, 100.0 if scale == 100 else 1.0)
+    x1 = float(max(steps)) or 1.0
+    ticks = [{"x": v, "label": f"{v:g}"} for v in nice_ticks(0.0, x1, 8)]
+    notes = [{"name": "task end (evaluated model)", "kind": "end"}, {"name": "task boundary", "kind": "boundary"}]
+    return curve_chart(series, ylo, yhi, xlabel="optimizer step", ylabel="accuracy" + (" %" if scale == 100 else ""),
+                       xticks=ticks, x0=0.0, x1=x1, notes=notes, size={"W": 780, "H": 240},
+                       vlines=[{"at": b, "name": f"end of task {i + 1} (step {b:g})"}
+                               for i, b in enumerate(bounds[:-1])])

@@ -15,7 +15,7 @@ from ...config.vocabulary import FAMILY_DESCRIPTIONS, Scenario
 from .. import charts
 from ..charts import records_of
 from ..formatting import best_as_printed, half_width, slug
-from . import sections
+from . import anytime, sections
 from .writer import SiteWriter
 
 # (link text, table): every per-dataset download, cut to the page's data set
@@ -35,9 +35,12 @@ def page(w: SiteWriter, t: AnalysisResult, ds: str) -> Path:
     sel = t.of_dataset(ds)
     regs = [r for r in w.base["regimes"] if r in set(sel.methods["regime"])]
     tables = sel.tables()
-    ctx = {"title": ds, "dataset": ds, "regs": regs,
+    section = anytime.section(sel, regs, w.base["method_colour"], w.base["scale"])
+    # the any-time tables are downloads only where the page has the section: a page without curves is unchanged
+    links = DOWNLOADS + (anytime.DOWNLOADS if section else ())
+    ctx = {"title": ds, "dataset": ds, "regs": regs, "anytime": section,
            **_results(w, sel, regs), **_agreement(w, t, sel, ds, regs), **_correlations(w, sel, regs),
-           "downloads": {name: w.table(tables[key], f"{slug(ds)}-{key}") for name, key in DOWNLOADS}}
+           "downloads": {name: w.table(tables[key], f"{slug(ds)}-{key}") for name, key in links}}
     return w.page("dataset.html", f"dataset-{slug(ds)}.html", **ctx)
 
 

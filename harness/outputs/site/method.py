@@ -9,6 +9,7 @@ from ...analysis.result import AnalysisResult
 from .. import charts
 from ..charts import records_of
 from ..formatting import slug
+from .anytime import method_columns
 from .writer import SiteWriter
 
 RUN_COLUMNS = ["run_id", "dataset", "scenario", "regime", "order", "seed", "status", "acc", "acc_task_aware",
@@ -34,6 +35,7 @@ def page(w: SiteWriter, t: AnalysisResult, records, m: str, infos: dict) -> Path
            # class-IL rows: class-IL ACC, task-aware ACC and forgetting side by side; memory where declared
            "task_aware": bool(mt["acc_task_aware"].notna().any()),
            "memory": bool(mt[["memory_samples", "memory_bytes"]].notna().any().any()),
+           "anytime_cols": method_columns(mt),  # gap depth, min-ACC, WC-ACC next to ACC where runs have curves
            "sweeps": sweep_panels(sweeps(mine, regimes), w.base["scale"], captions),
            "runs": records_of(t.runs[t.runs["method"] == m][RUN_COLUMNS]),
            "downloads": {"per-regime results": w.table(mt, f"method-{slug(m)}")}}

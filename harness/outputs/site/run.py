@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 
 from ...analysis.diagnostics import named_series, series, sweeps
+from ...config.anytime import curve_from_record, window_of
+from ...config.metrics import all_anytime
 from ...config.numbers import is_number
 from ...config.specs import RunRecord
 from ...config.vocabulary import WARNINGS
@@ -23,7 +25,8 @@ def page(w: SiteWriter, rec: RunRecord, dataset: str | None = None) -> Path:
     ctx = {"title": f"run {rid}", "rec": rec, "spec": rec.spec.to_dict(),
            "cmd": reproduce_command(rid, w.base["results_dir"], rec),
            "method": rec.method, "dataset": rec.dataset if dataset is None else dataset,
-           "matrices": _matrices(rec), "metric_rows": _metric_rows(rec),
+           "matrices": _matrices(rec), "metric_rows": _metric_rows(rec), "anytime": _curves(rec, w.base["scale"]),
+           "anytime_rows": _anytime_rows(rec),
            "norm_rows": _norm_rows(norms), "shared": series(norms.get("shared")) or [],
            "diagnostics": named_series(rec.diagnostics),
            "sweeps": sweep_panels(sweeps([rec], w.base["regimes"]), w.base["scale"]),
@@ -41,6 +44,38 @@ def _matrices(rec: RunRecord) -> list[dict]:
              "slug": "accuracy-matrix-class-il"},
             {"label": "task-aware (predictions masked to the task's classes)", "m": charts.matrix_cells(aware),
              "slug": "accuracy-matrix-task-aware"}]
+
+
+def _curves(rec: RunRecord, scale: float) -> list[dict]:
+    """The run's continual-evaluation curve as charts: class-IL and task-aware for a class-IL run; [] without one."""
+    curve = getattr(rec, "curve", None)
+    if not isinstance(curve, dict):
+        return []
+    aware = curve.get("acc_task_aware") is not None
+    out = [{"label": "class-IL (no task id at test time)" if aware else "", "slug": "curve",
+            "chart": charts.run_curve(curve, scale)}]
+    if aware:
+        out.append({"label": "task-aware (predictions masked to the task's classes)", "slug": "curve-task-aware",
+                    "chart": charts.run_curve(curve, scale, "acc_task_aware")})
+    return [c for c in out if c["chart"] is not None]
+
+
+def _anytime_rows(rec: RunRecord) -> list[dict]:
+    """The run's any-time metrics (config/metrics.py ANYTIME) from its curve, per accuracy (class-IL and
+    task-aware for a class-IL run); [] without a curve, or one these metrics cannot read."""
+    curve = getattr(rec, "curve", None)
+    if not isinstance(curve, dict):
+        return []
+    keys = [("acc", "class-IL" if curve.get("acc_task_aware") is not None else "")]
+    keys += [("acc_task_aware", "task-aware")] if curve.get("acc_task_aware") is not None else []
+    rows = []
+    for key, label in keys:
+        try:
+            values = all_anytime(curve_from_record(curve, key), window_of(curve["every"]))
+        except (ValueError, KeyError, TypeError):  # a curve the store let through but the metrics refuse: no row
+            continue
+        rows.append({"label": label, "values": values})
+    return rows
 
 
 def _metric_rows(rec: RunRecord) -> list[dict]:

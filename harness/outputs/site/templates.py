@@ -12,7 +12,7 @@ import re
 import jinja2
 from markupsafe import Markup
 
-from ...config.metrics import METRICS
+from ...config.metrics import ANYTIME, METRICS
 from ...config.resources import static_dir, templates_dir
 from ...config.vocabulary import Scenario, Status
 from ..formatting import half_width, slug
@@ -30,6 +30,7 @@ def environment() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined)
     env.filters.update(FILTERS)
     env.globals["metrics"] = METRICS  # labels and directions of the metric table
+    env.globals["anytime_metrics"] = ANYTIME  # the same for the any-time metrics (continual evaluation)
     env.globals.update(Status=Status, Scenario=Scenario)  # templates decide by the vocabulary, not by strings
     env.globals["half_width"] = half_width  # the "± half" of a CI, as the report computes it
     return env
