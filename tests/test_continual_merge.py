@@ -93,8 +93,9 @@ def test_now_at_the_last_step_is_the_evaluated_model(spec_factory, scenario, reg
         hparams["top_k"] = 20.0
     if method == "randmix":
         hparams["seed"] = 0
+    # with continual evaluation on, so that the last step's "now" model reuses the copy its mid points made
     spec = spec_factory(scenario=scenario, dataset=DIGITS_3, regime=regime, method=method, hparams=hparams,
-                        pretrain=pretrain)
+                        pretrain=pretrain, continual=ContinualSpec(4, 20))
     _, now, end = _run_with_probes(spec)
     assert len(now.now) == len(end.end) == 3
     for t, (a, b) in enumerate(zip(now.now, end.end)):
@@ -206,7 +207,8 @@ def test_mid_points_evaluate_the_merge_and_end_points_match(spec_factory):
                 def after_update(self, strategy, **kwargs):
                     if trained.steps == 3 and "model" not in merged:
                         with torch.random.fork_rng(devices=[]):
-                            merged["model"] = contract.evaluated_model_now(strategy)
+                            # a copy: the plugin reuses its "now" copy at the task's next point
+                            merged["model"] = copy.deepcopy(contract.evaluated_model_now(strategy))
             strategy.plugins.append(Grab())
     record = run_one(spec, device="cpu", observer=observer)
     assert record.ok, record.error

@@ -153,7 +153,8 @@ class EvalNowHook(Protocol):
     """Provides, during a task's training, the model the method would output if training stopped now:
     what continual evaluation's mid-task points measure (default: the trained model, strategy.model).
 
-    Called after an optimizer step that is a curve point, with the trained model as it is then. It must
+    Called after an optimizer step that is a curve point, with the trained model as it is then; the harness
+    uses the answer during that point only (a method may reuse one copy within a task). It must
     change nothing training depends on: return a copy (or a module sharing unchanged blocks), never modify
     strategy.model, its BatchNorm statistics, the optimizer or the method's own state (the harness puts the
     torch RNG state back afterwards). At a task's last step it should be the model `harness_eval_model()`
