@@ -149,6 +149,22 @@ class EvalModelHook(Protocol):
 
 
 @runtime_checkable
+class EvalNowHook(Protocol):
+    """Provides, during a task's training, the model the method would output if training stopped now:
+    what continual evaluation's mid-task points measure (default: the trained model, strategy.model).
+
+    Called after an optimizer step that is a curve point, with the trained model as it is then; the harness
+    uses the answer during that point only (a method may reuse one copy within a task). It must
+    change nothing training depends on: return a copy (or a module sharing unchanged blocks), never modify
+    strategy.model, its BatchNorm statistics, the optimizer or the method's own state (the harness puts the
+    torch RNG state back afterwards). At a task's last step it should be the model `harness_eval_model()`
+    returns once the task is over. None: the trained model.
+    """
+
+    def harness_eval_model_now(self) -> torch.nn.Module | None: ...
+
+
+@runtime_checkable
 class DiagnosticsHook(Protocol):
     """Provides JSON diagnostics merged into record["diagnostics"] (the full dict, every task)."""
 
@@ -194,7 +210,7 @@ class MemoryHook(Protocol):
 # The optional hooks, all of them: the list a method author reads (submissions/README.md's hook table,
 # which tests/test_method_contract.py checks against it). The engine calls each through its own
 # function below (evaluated_model, collect_diagnostics, ...), never through this tuple.
-StrategyHooks = (EvalModelHook, DiagnosticsHook, PrefixCacheDeclaration, StoredTensorsHook, MemoryHook)
+StrategyHooks = (EvalModelHook, EvalNowHook, DiagnosticsHook, PrefixCacheDeclaration, StoredTensorsHook, MemoryHook)
 # Set by the harness on a strategy with the fast data path: the minibatch-order generator,
 # which a method training in stages may save and restore (see methods/became.py).
 BATCH_GENERATOR_ATTRIBUTE = "harness_batch_generator"
@@ -235,6 +251,14 @@ def evaluated_model(strategy) -> torch.nn.Module:
     """What the first `harness_eval_model()` returns, else (no provider, or None) the strategy's model."""
     providers = _providers(strategy, EvalModelHook)
     model = providers[0].harness_eval_model() if providers else None
+    return strategy.model if model is None else model
+
+
+def evaluated_model_now(strategy) -> torch.nn.Module:
+    """Mid-task: what the first `harness_eval_model_now()` returns, else (no provider, or None) the
+    strategy's (trained) model."""
+    providers = _providers(strategy, EvalNowHook)
+    model = providers[0].harness_eval_model_now() if providers else None
     return strategy.model if model is None else model
 
 

@@ -14,6 +14,12 @@ GPM memory is updated from θ_t. Task 1 trains normally, then F_old = F_1 and me
   official schedule, E epochs per stage (2× the steps): label it as such in a protocol.
   `stage1_epochs`/`stage2_epochs` override either.
 - BatchNorm in the projected blocks follows GPM's `batchnorm` policy (methods/gpm.py).
+- Continual evaluation: no `harness_eval_model_now`, so mid-task points evaluate the trained model. In
+  stage 1 (and task 1) that is what BECAME would output if stopped there (θ_gp; δ = 0). In stage 2 the
+  answer would be (1−α)θ_gp + α·θ_now, but the default α (`auto`) needs the Fisher at θ_now: a
+  forward/backward pass over `fisher_samples` rows at every point (on digits ~5 training steps' work, up
+  to 32 on larger tasks), not cheap; fixed α would be cheap, but then `became` and its α ablations would
+  plot different things (and α = 1 is the trained model anyway). The end points show the merge.
 """
 from __future__ import annotations
 

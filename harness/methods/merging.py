@@ -28,6 +28,16 @@ evaluates and measures; training continues from the unmerged θ_t.
   ≥ 0); `latest` keeps the unmerged model's statistics (the old behaviour, for ablations). The
   default was chosen by measurement: benchmarks/batchnorm.py. Without BatchNorm in the merged
   blocks the three are the same.
+- Continual evaluation (`harness_eval_model_now`, the curve's mid-task points): the model the method
+  would output if training stopped now, θ0 + λ·merge(τ_1..τ_{t-1}, θ_now − θ0) — the rule applied to the
+  stored task vectors and the current one (MagMax: max-|τ| over the running best and τ_now; TIES: the
+  batch rule over every stored τ_i and τ_now; sums: the running sum plus τ_now; RandMix: the reservoir's
+  next draw from a copy of its generator), computed on copies: the running merger, its generator and the
+  trained model are untouched, and nothing new is kept between tasks. BatchNorm as above: `recompute`
+  on the current task's training data (the data the task's end model is recomputed on), `merge` merges
+  the current statistics' delta with the stored ones, `latest` keeps the trained model's. Before θ0
+  exists (task 1 under `pretrain: first-task`, where θ_1 = θ0) and under `head` (nothing merged) it is
+  the trained model. At a task's last step it equals the task's evaluated model (tests/test_continual_merge.py).
 """
 from __future__ import annotations
 
@@ -74,6 +84,24 @@ def merged_statistics(model, blocks) -> dict:
     return out
 
 
+def merged_with(merger: rules.RunningMerger, tau: dict) -> dict:
+    """merge(τ_1..τ_n, τ): what `merger.add(tau); merger.merged()` would give, leaving `merger` as it is.
+
+    The rule runs on a shallow copy whose containers (dicts, lists) and generator (RandMix) are its own;
+    the stored tensors are shared, and no rule's `add` writes into a stored tensor in place.
+    """
+    trial = copy.copy(merger)
+    for name, value in vars(merger).items():
+        if isinstance(value, torch.Generator):
+            own = torch.Generator(device=value.device)
+            own.set_state(value.get_state())
+            setattr(trial, name, own)
+        elif isinstance(value, (dict, list)):
+            setattr(trial, name, copy.copy(value))
+    trial.add(tau)
+    return trial.merged()
+
+
 def _vector_norm(tau: dict) -> float:
     return math.sqrt(sum(float(v.double().pow(2).sum()) for v in tau.values()))
 
@@ -98,9 +126,11 @@ class MergingPlugin(SupervisedPlugin):
         self.norms_by_task: list = []    # after each task: the norms of every τ so far
         self.conflicts_by_task: list = []
         self.model = None
+        self.scratch = None  # the "now" model's copy, reused within a task (never kept between tasks)
 
     def before_training_exp(self, strategy, **kwargs):
-        self.model = strategy.model
+        self.model, self.scratch = strategy.model, None
+        self.dataset = strategy.experience.dataset  # the current task's, for the "now" model's statistics
         if self.theta0 is None and not self.first_task:
             self._capture_theta0(strategy.model)
         elif self.theta0 is not None and self.finetune == "independent":
@@ -115,7 +145,7 @@ class MergingPlugin(SupervisedPlugin):
         self.stats0 = self._statistics(model)
 
     def after_training_exp(self, strategy, **kwargs):
-        self.model = strategy.model
+        self.model, self.scratch = strategy.model, None
         self.dataset = strategy.experience.dataset
         if self.theta0 is None:  # pretrain = first-task: task 1 *is* θ0
             self._capture_theta0(strategy.model)
@@ -141,9 +171,46 @@ class MergingPlugin(SupervisedPlugin):
         vector = self.merged_vector()
         if not vector:  # no task vector yet (θ_1 = θ0) or nothing merged (regime `head`)
             return self.model
-        evaluated = copy.deepcopy(self.model)
+        stats = self.stats_merger.merged() if self._merges_statistics() and self.stats_merger.n else None
+        return self._merged_model(vector, stats)
+
+    def harness_eval_model_now(self):
+        """Mid-task: θ0 + λ·merge(τ_1..τ_{t-1}, θ_now − θ0), a copy (module docstring); None (the trained
+        model) before θ0 exists or when nothing is merged."""
+        if self.theta0 is None or not self.names or self.model is None:
+            return None
+        current = merged_weights(self.model, self.names)
+        merged = merged_with(self.merger, {k: v - self.theta0[k] for k, v in current.items()})
+        stats = None
+        if self._merges_statistics():
+            delta = {k: v - self.stats0[k] for k, v in self._statistics(self.model).items()}
+            stats = merged_with(self.stats_merger, delta)
+        return self._merged_model({k: self.lam * v for k, v in merged.items()}, stats, self._scratch_copy())
+
+    def _scratch_copy(self):
+        """A copy of the trained model as it is now: the task's first call deep-copies it, later calls copy
+        its tensors and train/eval flags into that copy (a twentieth of the time; the same values). Valid
+        until the next call; dropped at the task's end, so nothing is kept between tasks."""
+        if self.scratch is None:
+            self.scratch = copy.deepcopy(self.model)
+            return self.scratch
+        with torch.no_grad():
+            mine = self.scratch.state_dict(keep_vars=True)
+            for k, v in self.model.state_dict(keep_vars=True).items():
+                mine[k].copy_(v)
+        for a, b in zip(self.scratch.modules(), self.model.modules()):
+            a.training = b.training
+        return self.scratch
+
+    def _merges_statistics(self) -> bool:
+        return self.batchnorm == "merge" and bool(self.stats0)
+
+    def _merged_model(self, vector: dict, stats: dict | None, evaluated=None):
+        """A copy of the trained model (`evaluated`, else a new one) with θ0 + vector in the merged weights and
+        statistics of its own."""
+        evaluated = copy.deepcopy(self.model) if evaluated is None else evaluated
         write_effective(evaluated, {k: self.theta0[k] + vector[k] for k in vector})
-        self._set_statistics(evaluated)
+        self._set_statistics(evaluated, stats)
         return evaluated
 
     def _statistics(self, model) -> dict:
@@ -152,10 +219,10 @@ class MergingPlugin(SupervisedPlugin):
             return {}
         return {k: v.detach().clone() for k, v in merged_statistics(model, self.blocks).items()}
 
-    def _set_statistics(self, evaluated) -> None:
-        """Give the merged model statistics of its own weights (see the module docstring)."""
-        if self.batchnorm == "merge" and self.stats0 and self.stats_merger.n:
-            merged = self.stats_merger.merged()
+    def _set_statistics(self, evaluated, merged: dict | None) -> None:
+        """Give the merged model statistics of its own weights (see the module docstring); `merged`: the
+        merge of the statistics' deltas (batchnorm: merge)."""
+        if self.batchnorm == "merge" and self.stats0 and merged is not None:
             with torch.no_grad():
                 for k, buf in merged_statistics(evaluated, self.blocks).items():
                     value = self.stats0[k] + self.lam * merged[k]

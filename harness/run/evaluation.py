@@ -95,13 +95,16 @@ def subsample_tasks(tasks, k: int, seed: int) -> list:
 
 class ContinualEvaluator:
     """Continual evaluation during training (De Lange et al., ICLR 2023): the accuracy of each seen task on a
-    fixed test subsample at the initial model, every `every` optimizer steps of each task (the trained model,
-    called from HarnessPlugin.after_update) and at each task's end (the evaluated model, as the matrix's row).
+    fixed test subsample at the initial model, every `every` optimizer steps of each task (called from
+    HarnessPlugin.after_update: the model the method would output now, `contract.evaluated_model_now` — the
+    trained model unless the method provides `harness_eval_model_now`, as the merges do) and at each task's end
+    (the evaluated model, as the matrix's row).
 
     `evaluate(model, tasks, batch_size, device, seen) -> (row, task-aware row or None)`: the run's own
     evaluator (the engine's, prefix cache included in task-IL). A point changes nothing training depends on:
     no RNG draws, no gradients, eval mode for the evaluation (BatchNorm statistics untouched) and every
-    module's own train/eval flag put back afterwards (frozen blocks stay in eval mode).
+    module's own train/eval flag put back afterwards (frozen blocks stay in eval mode); a mid-task point's
+    model is asked for inside `torch.random.fork_rng`, so a method's hook cannot move the RNGs either.
     """
 
     def __init__(self, tasks, every: int, subsample: int, seed: int, evaluate, batch_size: int, device):
@@ -116,10 +119,16 @@ class ContinualEvaluator:
         """Task t (0-based) trains next; `seen`: the classes seen once it does (class-IL; None in task-IL)."""
         self.task, self.seen = t, seen
 
-    def after_step(self, model, step_in_task: int, step: int) -> None:
-        """After an optimizer step: a point every `every` steps of the current task."""
+    def after_step(self, model_now, step_in_task: int, step: int) -> None:
+        """After an optimizer step: a point every `every` steps of the current task, of the model that
+        `model_now()` gives (asked for only then; its time counts in `seconds`)."""
         if step_in_task % self.every == 0:
-            self.point(model, step)
+            t0 = time.perf_counter()
+            devices = [self.device] if torch.device(self.device).type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                model = model_now()
+                self.seconds += time.perf_counter() - t0
+                self.point(model, step)
 
     def point(self, model, step: int, end: bool = False) -> None:
         """Evaluate tasks 0..current on their subsamples; `end`: the task's end point."""

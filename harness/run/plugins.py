@@ -7,7 +7,7 @@ import harness.compat  # noqa: F401
 
 from avalanche.core import SupervisedPlugin
 
-from ..api.contract import TRAINING_STAGE_ATTRIBUTE
+from ..api.contract import TRAINING_STAGE_ATTRIBUTE, evaluated_model_now
 
 
 class DivergedError(RuntimeError):
@@ -25,7 +25,8 @@ class HarnessPlugin(SupervisedPlugin):
     Fisher estimate, a GPM memory update) is not an optimizer step and is not counted.
 
     `continual` (a harness.run.evaluation.ContinualEvaluator, or None: off): after each optimizer step
-    it may evaluate the trained model (every k steps of a task), a point of the run's curve.
+    it may evaluate the model the method would output now (every k steps of a task: `evaluated_model_now`,
+    the trained model unless the method says otherwise), a point of the run's curve.
     """
 
     def __init__(self, continual=None):
@@ -59,7 +60,8 @@ class HarnessPlugin(SupervisedPlugin):
             self.steps_per_task[-1] += 1
             self.samples_per_task[-1] += len(strategy.mbatch[0])
             if self.continual is not None:
-                self.continual.after_step(strategy.model, self.steps_per_task[-1], sum(self.steps_per_task))
+                self.continual.after_step(lambda: evaluated_model_now(strategy), self.steps_per_task[-1],
+                                          sum(self.steps_per_task))
 
     def after_training_epoch(self, strategy, **kwargs):
         if not self.epochs_per_stage:
