@@ -31,6 +31,8 @@ def test_worst_group_is_the_highest_median():
     groups = {("digits", "naive"): [CC.Pair(1.0, 1.05), CC.Pair(1.0, 1.5), CC.Pair(1.0, 1.04)],
               ("mnist1d", "lwf"): [CC.Pair(1.0, 1.2), CC.Pair(1.0, 1.1)]}
     assert CC.worst(groups) == ("mnist1d", "lwf")  # median 1.15 beats 1.05 despite digits' 1.5 outlier
+    shares = {"a": [CC.Pair(1.0, 1.0, curve_s=0.1)], "b": [CC.Pair(1.0, 2.0, curve_s=0.1)]}
+    assert CC.worst(shares, "curve_share") == "a"  # 10 % of its on side vs 5 %
 
 
 def test_rotation_alternates_which_variant_goes_first():
