@@ -16,7 +16,7 @@ from harness.config.metrics import ANYTIME, ANYTIME_NAMES, METRICS, all_anytime,
 
 # Two tasks, every 2 steps. Task 0 has 4 steps (a mid point at its 4th step, then its end point at step 4),
 # task 1 has 3 (a mid point at step 6, its end point at step 7). Bounds: (0, 4), (4, 7).
-CURVE = {"every": 2, "subsample": 10, "n_rows": [10, 10],
+CURVE = {"every": 2, "subsample": 100, "n_rows": [100, 100],
          "steps": [0, 2, 4, 4, 6, 7], "task": [0, 0, 0, 0, 1, 1],
          "end": [False, False, False, True, False, True],
          "acc": [[0.5, None], [0.7, None], [0.9, None], [0.9, None], [0.6, 0.5], [0.8, 0.9]]}
@@ -25,8 +25,32 @@ CURVE = {"every": 2, "subsample": 10, "n_rows": [10, 10],
 def test_curve_from_record_bounds_and_values():
     c = anytime.curve_from_record(CURVE)
     assert c.bounds == ((0, 4), (4, 7))
-    assert c.training == (0, 0, 0, 0, 1, 1) and c.steps == (0, 2, 4, 4, 6, 7)
-    assert c.value(4, 0) == 0.6 and c.value(3, 1) is None
+    # the mid point at task 0's last step (4) is shadowed by the end point at that step: dropped
+    assert c.training == (0, 0, 0, 1, 1) and c.steps == (0, 2, 4, 6, 7)
+    assert c.value(3, 0) == 0.6 and c.value(2, 1) is None
+    kept = anytime.curve_from_record(CURVE, keep_shadowed=True)
+    assert kept.training == (0, 0, 0, 0, 1, 1) and kept.steps == (0, 2, 4, 4, 6, 7)
+
+
+def test_a_shadowed_point_is_not_read_as_forgetting():
+    # a method whose output differs from the trained network (BECAME, iCaRL...): the trained network's
+    # point at task 0's last step (0.5) and the output's end point (0.9) share step 4. Kept, WF reads the
+    # 0.7 (step 2) -> 0.5 (step 4) drop of task 0: 0.2 / 2 tasks = 0.1; dropped, task 0 goes 0.5, 0.7, 0.9,
+    # 0.9, 0.9 and task 1 0.5, 0.9: no drop anywhere.
+    jumpy = {**CURVE, "acc": [[0.5, None], [0.7, None], [0.5, None], [0.9, None], [0.9, 0.5], [0.9, 0.9]]}
+    assert anytime_of_record(jumpy)["wf"] == pytest.approx(0.0)
+    c = anytime.curve_from_record(jumpy, keep_shadowed=True)
+    assert all_anytime(c, 3)["wf"] == pytest.approx(0.1)  # (0.7 -> 0.5 on task 0) / 2 tasks
+
+
+def test_recovery_tolerance_is_one_test_example():
+    # tolerance_of: 1 / the smallest subset, at least RECOVERY_TOL
+    assert anytime.tolerance_of({"n_rows": [90, 100]}) == pytest.approx(1 / 90)
+    assert anytime.tolerance_of({"n_rows": [1000]}) == anytime.RECOVERY_TOL
+    assert anytime.tolerance_of({}) == anytime.RECOVERY_TOL
+    # with 10 rows per task one example is 0.1: task 0 back at 0.8 >= 0.9 - 0.1 at step 7, 3 steps into task 1
+    got = anytime_of_record({**CURVE, "n_rows": [10, 10], "subsample": 10})
+    assert got["gap_recovery"] == 3 and got["gap_unrecovered"] == 0 and got["gap_depth"] == pytest.approx(0.3)
 
 
 def test_curve_from_record_partial_run_and_missing_tasks():
@@ -86,7 +110,7 @@ def _curve(pre: float, dip: float, end_old: float, cur: float, long: bool = Fals
     task 1 = 4 steps with mid points at offsets 2 and 4. Old task 0: `pre` at task 0's end, `dip` at
     task 1's offset 2, `end_old` after; task 1's own accuracy `cur` throughout."""
     e0 = 3 if long else 2
-    return {"every": 2, "subsample": 10, "n_rows": [10, 10],
+    return {"every": 2, "subsample": 100, "n_rows": [100, 100],
             "steps": [0, 2, e0, e0 + 2, e0 + 4, e0 + 4], "task": [0, 0, 0, 1, 1, 1],
             "end": [False, False, True, False, False, True],
             "acc": [[0.5, None], [pre, None], [pre, None], [dip, cur], [end_old, cur], [end_old, cur]]}

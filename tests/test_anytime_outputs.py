@@ -27,7 +27,7 @@ DEPTH = {("head", "a"): [0.0, 0.0, 0.0], ("head", "b"): [0.0, 0.0, 0.0],
 def _curve(depth: float) -> dict:
     """Two tasks, every 2 steps, of 2 and 4 steps: old task 0 at 0.9 before task 1, 0.9 - depth at its first
     point (step 4), back to 0.9 at the next (step 6, recovered 4 steps into it) and its end; task 1 at 0.8."""
-    return {"every": 2, "subsample": 10, "n_rows": [10, 10], "steps": [0, 2, 2, 4, 6, 6],
+    return {"every": 2, "subsample": 100, "n_rows": [100, 100], "steps": [0, 2, 2, 4, 6, 6],
             "task": [0, 0, 0, 1, 1, 1], "end": [False, False, True, False, False, True],
             "acc": [[0.5, None], [0.9, None], [0.9, None], [0.9 - depth, 0.8], [0.9, 0.8], [0.9, 0.8]]}
 

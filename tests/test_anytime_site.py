@@ -76,7 +76,7 @@ def test_anytime_panels_empty_without_curves():
 
 
 def test_run_curve_one_line_per_task_with_ends_and_boundaries():
-    curve = {"every": 10, "subsample": 100, "n_rows": [10, 10], "steps": [0, 10, 20, 20, 30, 40, 40],
+    curve = {"every": 10, "subsample": 100, "n_rows": [100, 100], "steps": [0, 10, 20, 20, 30, 40, 40],
              "task": [0, 0, 0, 0, 1, 1, 1], "end": [False, False, False, True, False, False, True],
              "acc": [[0.5, None], [0.8, None], [0.9, None], [1.0, None], [0.6, 0.7], [0.8, 0.9], [0.85, 0.95]]}
     c = charts.run_curve(curve, 100.0)
@@ -175,7 +175,7 @@ def _with_curve(d: dict, dip: float) -> dict:
             task.append(t)
             end.append(e)
             acc.append(list(row) + [None] * (T - t - 1))
-    d["curve"] = {"every": every, "subsample": 100, "n_rows": [10] * T, "steps": steps, "task": task, "end": end,
+    d["curve"] = {"every": every, "subsample": 100, "n_rows": [100] * T, "steps": steps, "task": task, "end": end,
                   "acc": acc}
     d["spec"]["continual"] = {"every": every, "subsample": 100}
     return d
@@ -223,7 +223,7 @@ def test_site_without_curves_has_no_section(tmp_path):
 def test_run_page_metrics_from_the_curve_by_hand():
     from harness.outputs.site.run import _anytime_rows
 
-    curve = {"every": 10, "subsample": 100, "n_rows": [10, 10], "steps": [0, 10, 20, 20, 30, 40, 40],
+    curve = {"every": 10, "subsample": 100, "n_rows": [100, 100], "steps": [0, 10, 20, 20, 30, 40, 40],
              "task": [0, 0, 0, 0, 1, 1, 1], "end": [False, False, False, True, False, False, True],
              "acc": [[0.5, None], [0.8, None], [0.9, None], [1.0, None], [0.6, 0.7], [0.8, 0.9], [0.85, 0.95]]}
     rec = RunRecord.from_dict({**json.loads(FIXTURE.read_text())[0], "curve": curve})

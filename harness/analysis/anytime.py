@@ -53,7 +53,7 @@ def run_points(curve: dict) -> tuple[dict, list[int]]:
     or END for the task's end point. old_acc: mean accuracy over tasks j < task (NaN for task 0);
     seen_acc: over j <= task; first_acc: task 0's. NaN where a value it needs is missing.
     """
-    c = curve_from_record(curve)
+    c = curve_from_record(curve, keep_shadowed=True)  # the chart shows both points of a shared step
     lengths = [b - a for a, b in c.bounds]
     out = {}
     for p, (step, task, end) in enumerate(zip(curve["steps"], curve["task"], curve["end"])):

@@ -198,7 +198,9 @@ def all_anytime(curve, window: int, tol: float = anytime.RECOVERY_TOL) -> dict:
     return {name: s[name] for name in ANYTIME_NAMES}
 
 
-def anytime_of_record(curve: dict) -> dict:
-    """Every any-time metric of a record's `curve` field (main accuracy `acc`), with cl-bench's
-    choices: WF window = every + 1 (anytime.window_of), gap tolerance anytime.RECOVERY_TOL."""
-    return all_anytime(anytime.curve_from_record(curve), anytime.window_of(curve["every"]))
+def anytime_of_record(curve: dict, accuracy: str = "acc") -> dict:
+    """Every any-time metric of a record's `curve` field (`accuracy`: "acc", the main accuracy, or in
+    class-IL "acc_task_aware"), with cl-bench's choices: WF window = every + 1 (anytime.window_of), gap
+    tolerance one test example of the smallest subset, at least anytime.RECOVERY_TOL (anytime.tolerance_of)."""
+    return all_anytime(anytime.curve_from_record(curve, accuracy), anytime.window_of(curve["every"]),
+                       anytime.tolerance_of(curve))

@@ -5,8 +5,7 @@ import json
 from pathlib import Path
 
 from ...analysis.diagnostics import named_series, series, sweeps
-from ...config.anytime import curve_from_record, window_of
-from ...config.metrics import all_anytime
+from ...config.metrics import anytime_of_record
 from ...config.numbers import is_number
 from ...config.specs import RunRecord
 from ...config.vocabulary import WARNINGS
@@ -71,7 +70,7 @@ def _anytime_rows(rec: RunRecord) -> list[dict]:
     rows = []
     for key, label in keys:
         try:
-            values = all_anytime(curve_from_record(curve, key), window_of(curve["every"]))
+            values = anytime_of_record(curve, key)
         except (ValueError, KeyError, TypeError):  # a curve the store let through but the metrics refuse: no row
             continue
         rows.append({"label": label, "values": values})
