@@ -9,7 +9,7 @@ import torch
 from conftest import make_spec
 
 from harness.config.metrics import all_metrics
-from harness.config.specs import DatasetSpec, TrainingSpec
+from harness.config.specs import SCHEMA_VERSION, DatasetSpec, TrainingSpec
 from harness.execution.store import parse_record
 from harness.run import checks
 from harness.run.engine import run_one
@@ -124,7 +124,7 @@ def class_il_record(R, A, record_checks=CHECKS, budget=None) -> dict:
     spec = make_spec(scenario="class-il", dataset=DatasetSpec("digits", 2, 2, "mlp"), class_order=(0, 1, 2, 3),
                      regime="full", pretrain="none")
     b = [0.5, 0.5]
-    return {"schema_version": 6, "run_id": spec.run_id, "status": "ok", "error": None, "spec": spec.to_dict(),
+    return {"schema_version": SCHEMA_VERSION, "run_id": spec.run_id, "status": "ok", "error": None, "spec": spec.to_dict(),
             "acc_matrix": R, "init_acc": [0.25, 0.25], "metrics": all_metrics(R, [0.25, 0.25]),
             "acc_matrix_task_aware": A, "init_acc_task_aware": b, "metrics_task_aware": all_metrics(A, b),
             "update_norms": {}, "diagnostics": {}, "params": {}, "regime_depth": 2, "n_blocks": 2, "timings": {},

@@ -19,10 +19,11 @@ from .vocabulary import Scenario, Status
 # trainable fraction; `pretrain` may be a pretrained backbone (a mapping: Pretrain.as_json); provenance.pretrained.
 # 6: class-IL learning checks judge each task within its own classes (checks.task_chance, the task-aware
 # matrix; below-probe and trained_acc in class-IL too); budget.memory_samples/memory_bytes per task (MemoryHook).
-# Issue 29 (head start, still schema 6): an optional `spec.continual` ({every, subsample}; absent when off, and
-# never part of the run id: it does not change training) and an optional record field `curve` (absent when off),
-# so every record written without continual evaluation is byte for byte what it was. Bump if main moved past 6.
-SCHEMA_VERSION = 6
+# 7: continual evaluation (issue 29): an optional `spec.continual` ({every, subsample}; absent when off, and never
+# part of the run id: it does not change training) and an optional record field `curve` + `timings.curve_s`
+# (absent when off). A schema-6 reader would call such a record corrupt and redo it, losing its curve; with
+# the bump it sees a record of another schema instead (kept, never overwritten).
+SCHEMA_VERSION = 7
 
 
 @dataclass(frozen=True)
