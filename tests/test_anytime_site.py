@@ -2,12 +2,15 @@
 tables (numbers worked by hand), escaping of a hostile method label in the new section, and no section,
 column or download where no run has a continual-evaluation curve."""
 import copy
+import csv
+import io
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from harness.config.metrics import ANYTIME_NAMES
 from harness.config.specs import RunRecord
 from harness.outputs import charts
 from harness.outputs.site import anytime, build_site, slug
@@ -210,14 +213,52 @@ def test_site_with_curves_has_the_section_and_escapes(curve_site):
     assert XSS not in (out / f"method-{slug(XSS)}.html").read_text()
 
 
-def test_site_without_curves_has_no_section(tmp_path):
-    records = [RunRecord.from_dict(r) for r in json.loads(FIXTURE.read_text())]
-    build_site(records, tmp_path, results_dir="results")
-    for page in [*tmp_path.glob("*.html"), *(tmp_path / "runs").glob("*.html")]:
+@pytest.fixture(scope="module")
+def plain_site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plain-site")
+    build_site([RunRecord.from_dict(r) for r in json.loads(FIXTURE.read_text())], out, results_dir="results")
+    return out
+
+
+def test_site_without_curves_has_no_section(plain_site):
+    for page in [*plain_site.glob("*.html"), *(plain_site / "runs").glob("*.html")]:
         html = page.read_text()
         assert "Any-time" not in html and "Accuracy during training" not in html, page.name
         assert "harness_eval_model_now" not in html
-    assert not list((tmp_path / "data").glob("*anytime*")) and not list((tmp_path / "data").glob("*gap_trend*"))
+    assert not list((plain_site / "data").glob("*anytime*")) and not list((plain_site / "data").glob("*gap_trend*"))
+
+
+# has_curve, each any-time metric and its CI bounds: spelt out here, not taken from outputs/downloads.py
+ANYTIME_COLUMNS = {"has_curve", *(f"{m}{end}" for m in ANYTIME_NAMES for end in ("", "_lo", "_hi"))}
+
+
+def _download_columns(folder: Path) -> dict[str, set]:
+    """{download's name: its columns} of every CSV and JSON table a site wrote into data/."""
+    out = {}
+    for path in sorted((folder / "data").iterdir()):
+        if path.suffix == ".csv":
+            text = path.read_text()
+            out[path.name] = set(next(csv.reader(io.StringIO(text)))) if text.strip() else set()
+        elif path.suffix == ".json":
+            out[path.name] = {k for row in json.loads(path.read_text()) for k in row}
+    return out
+
+
+def test_downloads_without_curves_have_no_anytime_columns(plain_site):
+    # what the site wrote before continual evaluation existed: an all-NaN any-time column is a changed download
+    columns = _download_columns(plain_site)
+    assert {"runs.csv", "runs.json", f"method-{slug('A')}.csv", f"{slug('toy')}-methods.json"} <= set(columns)
+    assert {"acc", "acc_lo", "forgetting"} <= columns[f"{slug('toy')}-methods.csv"]
+    assert {name: sorted(cols & ANYTIME_COLUMNS) for name, cols in columns.items() if cols & ANYTIME_COLUMNS} == {}
+
+
+def test_downloads_with_curves_keep_the_anytime_columns(curve_site):
+    out, _ = curve_site
+    columns = _download_columns(out)
+    for name in ("runs.csv", "runs.json", f"{slug('toy')}-runs.csv"):
+        assert {"has_curve", *ANYTIME_NAMES} <= columns[name], name
+    for name in (f"{slug('toy')}-methods.csv", f"method-{slug('A')}.json"):
+        assert ANYTIME_COLUMNS - {"has_curve"} <= columns[name], name
 
 
 def test_run_page_metrics_from_the_curve_by_hand():

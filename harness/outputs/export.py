@@ -11,6 +11,7 @@ from pathlib import Path
 from ..config.errors import ExportError
 from ..config.files import inside, safe_target, write_atomic
 from ..config.specs import RunRecord
+from .downloads import for_download, has_curves
 
 FORMATS = ("csv", "parquet")
 
@@ -21,10 +22,9 @@ def export_table(records: list, fmt: str, out: str | Path, root: str | Path | No
     root: the folder the user named, `out` inside it (default: out's folder); no part of out below
     it may be a symbolic link (config/files.py). The any-time columns (has_curve and the ANYTIME
     metrics, config/metrics.py) are written when some record has a continual-evaluation curve; without
-    one the table is what it was before they existed.
+    one the table is what it was before they existed (downloads.py, as the site's downloads).
     """
     from ..analysis.frame import records_to_frame
-    from ..config.metrics import ANYTIME_NAMES
 
     if fmt not in FORMATS:
         raise ExportError(f"--format: {fmt!r} is not supported; allowed: {', '.join(FORMATS)}")
@@ -32,8 +32,7 @@ def export_table(records: list, fmt: str, out: str | Path, root: str | Path | No
     root = Path(out.parent if root is None else root)
     target = safe_target(root, inside(root, out))
     frame = records_to_frame(records)
-    if not frame["has_curve"].any():
-        frame = frame.drop(columns=["has_curve", *ANYTIME_NAMES])
+    frame = for_download(frame, has_curves(frame))
     if fmt == "csv":
         from ..config.text import spreadsheet_safe
 

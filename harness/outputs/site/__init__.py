@@ -18,6 +18,7 @@ from ...analysis.tables import analyse
 from ...config.specs import RunRecord
 from ...config.vocabulary import WARNINGS, Scenario
 from .. import charts
+from ..downloads import has_curves
 from ..formatting import rope_text, slug
 from . import dataset, method, overview, run
 from .templates import assets, environment
@@ -43,6 +44,7 @@ def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | No
         analysed = analyse(records, include_flagged=include_flagged, rope=rope)
         labels = panel_labels(analysed)
         tables = relabelled(analysed, labels)
+        w.curves = has_curves(tables.runs)  # without curves the downloads are what they were before issue 29
         w.base = base = _base(tables, records, results_dir=results_dir, include_flagged=include_flagged)
         infos = method.method_infos()
         index = overview.page(w, tables, records)

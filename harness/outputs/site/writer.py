@@ -21,6 +21,7 @@ from ...config.errors import OutputError
 from ...config.files import AtomicWrites, check_links, ensure_dir, inside, safe_target, write_atomic
 from ...config.text import spreadsheet_safe
 from ..charts import records_of
+from ..downloads import for_download
 
 
 class SiteWriter:
@@ -34,6 +35,9 @@ class SiteWriter:
     `root`: the folder the user named (--out, or --results for the default site) with `out`
     inside it; no part of out below root may be a link. `force`: write into a non-empty folder
     that holds no site (its index.html, data/ and runs/ files are overwritten).
+
+    The attribute `curves`: whether some run of the site has a continual-evaluation curve; without one the
+    downloads leave out the any-time columns (outputs/downloads.py), as `cl-bench export` does.
     """
 
     MANIFEST = ".cl-bench-site.json"
@@ -53,6 +57,7 @@ class SiteWriter:
         self.written: dict[str, str] = {}  # relative POSIX path -> sha256 of the bytes written
         self.staged = AtomicWrites()
         self.previous = {} if fresh else self._read_manifest()
+        self.curves = True  # build_site sets it from the analysed runs (downloads.has_curves)
 
     def __enter__(self) -> SiteWriter:
         return self
@@ -93,7 +98,9 @@ class SiteWriter:
         return True
 
     def table(self, df: pd.DataFrame, stem: str) -> dict:
-        """Write df as data/<stem>.csv and .json; return the relative links."""
+        """Write df as data/<stem>.csv and .json (without the any-time columns unless `curves`);
+        return the relative links."""
+        df = for_download(df, self.curves)
         links = {"csv": f"data/{stem}.csv", "json": f"data/{stem}.json"}
         self.tables.append(self._write(links["csv"], self._spreadsheet_safe(df).to_csv(index=False)))
         # The JSON keeps the raw values: it is data for programs, not a spreadsheet.
