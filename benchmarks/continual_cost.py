@@ -5,7 +5,8 @@ python benchmarks/continual_cost.py [--every 10 [20 ...]] [--subsample 100] [--r
 
 The runs are the demo protocol's own (load_protocol + expand, as `cl-bench run` builds them); each is
 run without continual evaluation (the protocol's own setting is cleared) and as a copy with
-`continual=ContinualSpec(every, subsample)` for each `--every`, through `run_one` on the CPU with 1 torch thread (the demo's per-worker setting,
+`continual=ContinualSpec(every, subsample)` for each `--every`, through `run_one` on the CPU with 1
+torch thread (the demo's per-worker setting,
 `--jobs 2`). The sample is every method x every regime x every data set at task order 0 (`--all`: every
 task order, the whole sweep). After a warm-up (each (data set, method)'s first run, off and on), each
 run's variants are timed back to back in one process, their order rotated from run to run, so a busy
