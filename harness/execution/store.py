@@ -487,7 +487,9 @@ CURVE_SERIES = ("steps", "task", "end", "acc")
 
 
 def _curve_problem(data: dict) -> str | None:
-    """What is wrong with a record's curve (shapes, ranges, and for a finished run its points), or None."""
+    """What is wrong with a record's curve, or None: shapes and ranges, its points (exactly those its budget's
+    steps per task give; a prefix of them for a run that did not finish) and, on the tasks whose subsample is
+    the whole test set, its initial and end points against init_acc and the accuracy matrix."""
     curve, setting, T = data.get("curve"), data["spec"].get("continual"), data["spec"]["dataset"]["n_tasks"]
     if "curve" not in data:
         ok = setting is None or data["status"] != Status.OK
@@ -505,8 +507,9 @@ def _curve_problem(data: dict) -> str | None:
     if not (isinstance(curve["n_rows"], list) and len(curve["n_rows"]) == T and all(map(_count, curve["n_rows"]))
             and (rows is None or len(rows) != T or curve["n_rows"] == rows)):
         return f"its curve's n_rows are not {T} counts, each min(subsample, the task's test rows)"
-    return _curve_points_problem(curve, T, class_il) or (
-        _curve_run_problem(curve, T, data["budget"].get("steps_per_task")) if data["status"] == Status.OK else None)
+    return (_curve_points_problem(curve, T, class_il)
+            or _curve_sequence_problem(curve, T, data["budget"].get("steps_per_task"), data["status"] == Status.OK)
+            or _curve_matrix_problem(data, curve, class_il))
 
 
 def _curve_points_problem(curve: dict, T: int, class_il: bool) -> str | None:
@@ -541,23 +544,71 @@ def _curve_row(row, task: int, T: int, n_rows: list) -> bool:
     return seen and all(a is None for a in row[task + 1:])
 
 
-def _curve_run_problem(curve: dict, T: int, steps_per_task) -> str | None:
-    """A finished run's points: the initial one, every `every` steps of each task, and each task's end point
-    at the run's step count then (budget.steps_per_task)."""
-    steps, tasks, ends = curve["steps"], curve["task"], curve["end"]
-    if not steps or (steps[0], tasks[0], ends[0]) != (0, 0, False):
-        return "its curve does not start with the initial model's point (step 0, task 0)"
-    end_at = [i for i, e in enumerate(ends) if e]
-    if [tasks[i] for i in end_at] != list(range(T)) or end_at[-1] != len(steps) - 1 or any(
-            tasks[i + 1] != tasks[i] + 1 for i in end_at[:-1]):
-        return f"its curve does not end each of its {T} tasks with one end point, as the task's last point"
-    if isinstance(steps_per_task, list) and len(steps_per_task) == T:
-        cumulative = [sum(steps_per_task[:t + 1]) for t in range(T)]
-        if [steps[i] for i in end_at] != cumulative:
-            return "its curve's end points are not at the run's step counts (budget.steps_per_task)"
-    base = [0, *(steps[i] for i in end_at[:-1])]
-    for i in range(1, len(steps)):
-        offset = steps[i] - base[tasks[i]]
-        if not ends[i] and (offset <= 0 or offset % curve["every"]):
-            return f"its curve's point {i} is not at a multiple of every ({curve['every']}) steps into its task"
+def curve_points(every: int, steps_per_task: list) -> list:
+    """The (step, task, end) of every point the engine gives a run whose tasks took `steps_per_task` optimizer
+    steps: the initial model's (0, 0, False); then per task t, one after every `every`-th step of the task,
+    (steps before t + k*every, t, False) for k = 1..floor(L_t/every), and the task's end point (steps up to
+    and including t, t, True). When every divides L_t the last mid-task point and the end point share a step
+    (HarnessPlugin.after_update's point, then the engine's end point of the evaluated model)."""
+    points, done = [(0, 0, False)], 0
+    for t, n in enumerate(steps_per_task):
+        points += [(done + k, t, False) for k in range(every, n + 1, every)]
+        done += n
+        points.append((done, t, True))
+    return points
+
+
+def _curve_sequence_problem(curve: dict, T: int, steps_per_task, finished: bool) -> str | None:
+    """A finished run's points are exactly `curve_points(every, budget.steps_per_task)`; a failed or diverged
+    run's are a prefix of them (none included), its last task's steps counting as its length (the points
+    stop where the run did: a task's end point is missing where it failed in or after training)."""
+    if not (isinstance(steps_per_task, list) and all(map(_count, steps_per_task))
+            and (len(steps_per_task) == T if finished else len(steps_per_task) <= T)):
+        return (f"its budget.steps_per_task is not {T if finished else f'at most {T}'} step counts, from which "
+                "its curve's points follow")
+    expected = curve_points(curve["every"], steps_per_task)
+    got = list(zip(curve["steps"], curve["task"], curve["end"]))
+    bad = next((i for i, (g, e) in enumerate(zip(got, expected)) if g != e), None)
+    if bad is not None:
+        return (f"its curve's point {bad} (step, task, end) is {_point(got[bad])}, not {_point(expected[bad])}: "
+                f"points come at step 0, every {curve['every']} steps into each task and at its end "
+                "(budget.steps_per_task)")
+    if len(got) > len(expected) or (finished and len(got) < len(expected)):
+        return (f"its curve has {len(got)} points, not the {len(expected)} that every {curve['every']} and "
+                "budget.steps_per_task give (step 0, every k-th step of each task, each task's end)")
+    return None
+
+
+def _point(point: tuple) -> str:
+    step, task, end = point
+    return f"({step}, {task}, {str(end).lower()})"
+
+
+def _curve_matrix_problem(data: dict, curve: dict, class_il: bool) -> str | None:
+    """Where a task's subsample is its whole test set (n_rows = checks.n_test), the engine evaluates the same
+    model on the same rows, batches and classes for the curve as for the matrix: the initial point's entry is
+    init_acc's and task t's end point's entries (tasks <= t) are the matrix row t's, exactly (both are
+    correct/n with the same n, so equal floats are equal counts). Class-IL: acc against acc_matrix and
+    acc_task_aware against acc_matrix_task_aware. A failed run is compared on the rows it has."""
+    n_test = data["checks"].get("n_test")
+    if not isinstance(n_test, list):
+        return None
+    whole = [j for j, (n, m) in enumerate(zip(curve["n_rows"], n_test)) if n == m and _count(m) and m > 0]
+    if not whole or not curve["steps"]:
+        return None
+    ends = [i for i, e in enumerate(curve["end"]) if e]  # task t's end point is ends[t] (checked before)
+    names = [("acc", "acc_matrix", "init_acc")]
+    if class_il:
+        names.append(("acc_task_aware", "acc_matrix_task_aware", "init_acc_task_aware"))
+    for name, matrix_key, init_key in names:
+        points, matrix, init = curve[name], data[matrix_key], data[init_key]
+        if whole[0] == 0 and isinstance(init, list) and init and points[0][0] != init[0]:
+            return (f"its curve's {name}[0][0] is not {init_key}[0] though task 0's subsample is its whole test "
+                    "set (the same evaluation): edited or corrupt")
+        for t, i in enumerate(ends):
+            row = matrix[t] if isinstance(matrix, list) and t < len(matrix) and isinstance(matrix[t], list) else []
+            j = next((j for j in whole if j <= t and j < len(row) and points[i][j] != row[j]), None)
+            if j is not None:
+                return (f"its curve's {name}[{i}][{j}] (task {t}'s end point) is not {matrix_key}[{t}][{j}] though "
+                        f"task {j}'s subsample is its whole test set (the same evaluation): edited or corrupt")
     return None
