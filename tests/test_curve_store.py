@@ -196,3 +196,17 @@ def test_a_run_with_a_curve_needs_its_steps_per_task(task_il):
     short = copy.deepcopy(task_il)
     short["budget"]["steps_per_task"] = [9] * 4
     assert "budget.steps_per_task is not 5 step counts" in _rejected(short)
+
+
+def test_an_accelerator_record_may_differ_from_its_matrix_by_one_example(task_il):
+    """On CPU both evaluations are one computation (exact); a record made on a GPU gets one example of slack
+    (kernels chosen per call may flip a tie), and no more."""
+    end3 = _task_points(task_il, 3, end=True)[0]
+    n = task_il["checks"]["n_test"][2]
+
+    def shift(k):
+        return lambda c: c["acc"][end3].__setitem__(2, c["acc"][end3][2] + (k if c["acc"][end3][2] < 0.5 else -k) / n)
+    on_gpu = {**task_il, "provenance": {**task_il["provenance"], "device": "cuda:0"}}
+    assert "not acc_matrix[3][2]" in _rejected(_edited(task_il, shift(1)))
+    assert parse_record(_edited(on_gpu, shift(1)))[1] is None
+    assert "not acc_matrix[3][2]" in _rejected(_edited(on_gpu, shift(2)))
