@@ -236,9 +236,10 @@ def test_a_run_of_built_ins_has_no_plugins_key_and_keeps_its_id(spec_factory):
 
     spec = spec_factory()
     assert "plugins" not in spec.to_dict() and RunSpec.from_dict(spec.to_dict()) == spec
-    # the ids these specs have under schema 6, as under the code before plug-ins existed with its schema
-    # (then "c2e2e24c304c", "2e5ac8ef9359" under schema 5): a run of built-ins hashes no plug-in field
-    assert (spec.run_id, spec_factory(regime="full", method="lwf").run_id) == ("94dd6ef3aa3f", "3a13a18c8045")
+    # the ids these specs have under schema 7, as under the code before plug-ins existed with its schema
+    # (then "c2e2e24c304c", "2e5ac8ef9359" under schema 5; "94dd6ef3aa3f", "3a13a18c8045" under schema 6): a
+    # run of built-ins hashes no plug-in field, and no continual-evaluation field either
+    assert (spec.run_id, spec_factory(regime="full", method="lwf").run_id) == ("7a2fc2d9de5f", "1cd4e0f2ede3")
 
 
 def test_the_engine_refuses_a_plugin_changed_since_planning(tmp_path):
