@@ -276,3 +276,6 @@ def test_run_page_metrics_from_the_curve_by_hand():
     # the gap at task 2's start: 1.0 at task 1's end, 0.6 at its lowest during task 2; never back within 0.01
     assert v["gap_depth"] == pytest.approx(0.4) and v["gap_recovery"] is None and v["gap_unrecovered"] == 1
     assert _anytime_rows(RunRecord.from_dict(json.loads(FIXTURE.read_text())[0])) == []
+    # a run that did not finish: its partial curve is drawn, not summarised (the frame's metrics are NaN too)
+    failed = RunRecord.from_dict({**json.loads(FIXTURE.read_text())[0], "curve": curve, "status": "failed"})
+    assert _anytime_rows(failed) == []

@@ -293,3 +293,38 @@ def test_a_hook_that_draws_random_numbers_does_not_change_training(spec_factory)
     assert hooks[0].calls == 0 and hooks[1].calls > 5
     assert r_on.acc_matrix == r_off.acc_matrix and r_on.update_norms == r_off.update_norms
     assert torch.equal(rng[0], rng[1])
+
+
+def _draw(module, args):
+    torch.rand(5)
+
+
+class _NoisyOutput(SupervisedPlugin):
+    """Its output is a copy of the trained model whose heads draw from the torch RNG while they answer (as MC
+    dropout would)."""
+
+    def before_training_exp(self, strategy, **kwargs):
+        self.model = strategy.model
+
+    def harness_eval_model(self):
+        noisy = copy.deepcopy(self.model)
+        for head in noisy.heads:
+            head.register_forward_pre_hook(_draw)
+        return noisy
+
+
+def test_an_evaluated_model_that_draws_does_not_change_training(spec_factory):
+    """Every point (the start, mid-task and end points) evaluates inside torch.random.fork_rng: a method whose
+    output draws random numbers trains the same with and without continual evaluation."""
+    rng = []
+
+    def observer(event, t, strategy):
+        if event == "before_task" and t == 0:
+            strategy.plugins.append(_NoisyOutput())
+        if event == "after_task" and t == 2:
+            rng.append(torch.get_rng_state())
+    off, on = (spec_factory(dataset=DIGITS_3, regime="full", continual=c) for c in (None, ContinualSpec(2, 20)))
+    r_off, r_on = run_one(off, device="cpu", observer=observer), run_one(on, device="cpu", observer=observer)
+    assert r_off.ok and r_on.ok and len(r_on.curve["steps"]) > 5
+    assert r_on.acc_matrix == r_off.acc_matrix and r_on.update_norms == r_off.update_norms
+    assert torch.equal(rng[0], rng[1])

@@ -210,3 +210,22 @@ def test_an_accelerator_record_may_differ_from_its_matrix_by_one_example(task_il
     assert "not acc_matrix[3][2]" in _rejected(_edited(task_il, shift(1)))
     assert parse_record(_edited(on_gpu, shift(1)))[1] is None
     assert "not acc_matrix[3][2]" in _rejected(_edited(on_gpu, shift(2)))
+
+
+def test_a_view_shows_curves_of_one_setting(task_il):
+    """The curve is not in the run id: records of one version with curves of two settings (an edited protocol
+    or record) keep the majority's curves; the others are shown without theirs, and the view says so."""
+    from dataclasses import replace
+
+    from harness.execution.views import view_records
+
+    rec = parse_record(task_il)[0]
+    other = replace(rec.spec.continual, every=rec.spec.continual.every + 1)
+    records = [replace(rec, spec=replace(rec.spec, order=k, continual=other if k == 2 else rec.spec.continual))
+               for k in range(3)]
+    said = []
+    shown = view_records(records, log=said.append)
+    assert [r.curve is not None for r in shown] == [True, True, False]
+    assert [r.acc_matrix for r in shown] == [rec.acc_matrix] * 3
+    assert any("curves of 2 settings" in s and "1 curves not taken every" in s for s in said)
+    assert all(r.curve is not None for r in view_records(records[:2], log=said.append))

@@ -2,11 +2,12 @@
 
 Every view (the end-of-sweep summary, the site, exports, a site built from MLflow) goes
 through `view_records`, so none of them mixes protocol versions, or two settings of one
-cell, and each says what it left out.
+cell, or two continual-evaluation settings, and each says what it left out.
 """
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import replace
 
 from ..config.errors import SweepError
 from ..config.text import terminal_safe
@@ -54,7 +55,29 @@ def _one_protocol(name: str, records: list, version, grid, log) -> list:
         if stale:
             log(f"note: {len(stale)} records of version {keep} are not in the protocol's grid any more (its "
                 "settings changed without a new version); they are left out")
-    return _one_record_per_cell(chosen, keep, log)
+    return _one_curve_setting(_one_record_per_cell(chosen, keep, log), keep, log)
+
+
+def _curve_setting(record) -> tuple:
+    c = record.spec.continual
+    return (c.every, c.subsample)
+
+
+def _one_curve_setting(records: list, version: str, log) -> list:
+    """One continual-evaluation setting per view: the curve is not in the run id, so records of one version
+    can carry curves taken every 10 and every 20 steps only if the protocol or a record was edited. The
+    setting most records carry is kept (ties: the smaller interval); the other records are shown without
+    their curve (their accuracy matrix does not depend on it), and the view says so."""
+    settings = Counter(_curve_setting(r) for r in records if r.curve is not None)
+    if len(settings) <= 1:
+        return records
+    kept = min(settings, key=lambda s: (-settings[s], s))
+    others = sum(n for s, n in settings.items() if s != kept)
+    log(f"warning: records of version {version} carry continual-evaluation curves of {len(settings)} settings "
+        f"(every, subsample: {', '.join(f'{e}, {n}' for e, n in sorted(settings))}): the protocol was edited without "
+        f"a new version, or records were; the {others} curves not taken every {kept[0]} steps on {kept[1]} rows are "
+        "left out (the records' other results are shown)")
+    return [r if r.curve is None or _curve_setting(r) == kept else replace(r, curve=None) for r in records]
 
 
 def cell_of(record) -> tuple:

@@ -124,19 +124,22 @@ class ContinualEvaluator:
         `model_now()` gives (asked for only then; its time counts in `seconds`)."""
         if step_in_task % self.every == 0:
             t0 = time.perf_counter()
-            devices = [self.device] if torch.device(self.device).type == "cuda" else []
-            with torch.random.fork_rng(devices=devices):
+            with torch.random.fork_rng(devices=self._rng_devices()):
                 model = model_now()
                 self.seconds += time.perf_counter() - t0
                 self.point(model, step)
+
+    def _rng_devices(self) -> list:
+        return [self.device] if torch.device(self.device).type == "cuda" else []
 
     def point(self, model, step: int, end: bool = False) -> None:
         """Evaluate tasks 0..current on their subsamples; `end`: the task's end point."""
         t0 = time.perf_counter()
         modes = [(m, m.training) for m in model.modules()]
-        try:
-            row, task_aware = self.evaluate(model, self.tasks[:self.task + 1], self.batch_size, self.device,
-                                            self.seen)
+        try:  # a model that draws while it answers (MC dropout, a sampled ensemble) must not move training's RNG
+            with torch.random.fork_rng(devices=self._rng_devices()):
+                row, task_aware = self.evaluate(model, self.tasks[:self.task + 1], self.batch_size, self.device,
+                                                self.seen)
         finally:
             for m, mode in modes:  # each module's own flag: a frozen block stays in eval mode
                 m.training = mode

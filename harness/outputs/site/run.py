@@ -8,7 +8,7 @@ from ...analysis.diagnostics import named_series, series, sweeps
 from ...config.metrics import anytime_of_record
 from ...config.numbers import is_number
 from ...config.specs import RunRecord
-from ...config.vocabulary import WARNINGS
+from ...config.vocabulary import WARNINGS, Status
 from ...execution.reproduce import reproduce_command
 from .. import charts
 from ..formatting import num, slug
@@ -61,9 +61,10 @@ def _curves(rec: RunRecord, scale: float) -> list[dict]:
 
 def _anytime_rows(rec: RunRecord) -> list[dict]:
     """The run's any-time metrics (config/metrics.py ANYTIME) from its curve, per accuracy (class-IL and
-    task-aware for a class-IL run); [] without a curve, or one these metrics cannot read."""
+    task-aware for a class-IL run); [] without a curve, for a run that did not finish (as in the frame: its
+    partial curve is drawn, not summarised), or one these metrics cannot read."""
     curve = getattr(rec, "curve", None)
-    if not isinstance(curve, dict):
+    if not isinstance(curve, dict) or rec.status != Status.OK:
         return []
     keys = [("acc", "class-IL" if curve.get("acc_task_aware") is not None else "")]
     keys += [("acc_task_aware", "task-aware")] if curve.get("acc_task_aware") is not None else []
