@@ -125,6 +125,15 @@ def regime_x(tables: AnalysisResult, ds, regimes) -> tuple[dict, bool]:
     return {r: float(i) for i, r in enumerate(regimes)}, False
 
 
+def _regime_layout(tables: AnalysisResult, ds, sub: pd.DataFrame) -> tuple:
+    """What a per-regime chart of `sub`'s methods places: its regimes, their x positions (and whether the
+    axis is logarithmic), its methods in name order and their styles."""
+    regimes = _regimes(tables, sub["regime"])
+    pos, log = regime_x(tables, ds, regimes)
+    methods = sorted(sub["method"].unique())
+    return regimes, pos, log, methods, _style(methods)
+
+
 def _regime_axis(ax, xs: dict, log: bool, names_on=None) -> None:
     """The regime axis: log trainable fraction (percent ticks) with the regime names over names_on
     (default ax), or the names as ticks when the fractions are unknown."""
@@ -183,10 +192,7 @@ def rank_shift(tables: AnalysisResult, ds) -> Figure | None:
     sub = _methods_of(tables, ds).dropna(subset=["mean_rank"])
     if sub.empty:
         return None
-    regimes = _regimes(tables, sub["regime"])
-    pos, log = regime_x(tables, ds, regimes)
-    methods = sorted(sub["method"].unique())
-    style = _style(methods)
+    regimes, pos, log, methods, style = _regime_layout(tables, ds, sub)
     fig, (ax,) = _figure()
     for i, m in enumerate(methods):
         d = sub[sub["method"] == m].assign(x=lambda f: f["regime"].map(pos)).sort_values("x")
@@ -314,10 +320,7 @@ def acc_forgetting(tables: AnalysisResult, ds) -> Figure | None:
     if sub["acc"].notna().sum() == 0:
         return None
     scale = percent_scale(tables.runs)
-    regimes = _regimes(tables, sub["regime"])
-    pos, log = regime_x(tables, ds, regimes)
-    methods = sorted(sub["method"].unique())
-    style = _style(methods)
+    regimes, pos, log, methods, style = _regime_layout(tables, ds, sub)
     fig, axes = _figure(2, rows=2, sharex=True)
     fig.set_size_inches(max(3.5, 0.9 * len(regimes) * max(1, len(methods) / 4) + 1.8), 2 * PANEL_H)
     for ax, metric in zip(axes, ("acc", "forgetting")):
@@ -418,10 +421,7 @@ def gap_depth(tables: AnalysisResult, ds) -> Figure | None:
     if sub.empty:
         return None
     scale = percent_scale(tables.runs)
-    regimes = _regimes(tables, sub["regime"])
-    pos, log = regime_x(tables, ds, regimes)
-    methods = sorted(sub["method"].unique())
-    style = _style(methods)
+    regimes, pos, log, methods, style = _regime_layout(tables, ds, sub)
     trend = tables.gap_trend[tables.gap_trend["dataset"] == ds]
     trend = dict(zip(trend["method"], trend["trend"]))
     fig, (ax,) = _figure(extra_w=1.8)
