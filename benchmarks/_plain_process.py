@@ -93,7 +93,8 @@ def one_run(cfg, run, data):
     subsets = [(x_te[i], y_te[i]) for (_, _, x_te, y_te), i in zip(tasks, picks)]
     model = Net(data[0].shape[1], n_tasks, cpt)
     loss_fn = nn.CrossEntropyLoss()
-    rows = [[accuracy(model, x_te, y_te, t, cfg["eval_batch_size"]) for t, (_, _, x_te, y_te) in enumerate(tasks)]]
+    rows = [[accuracy(model, x_te, y_te, t, cfg["eval_batch_size"])
+             for t, (_, _, x_te, y_te) in enumerate(tasks)]]
     curve = []
     for t, (x, y, _, _) in enumerate(tasks):
         k = len(model.blocks) if t == 0 else run["trainable_blocks"]
@@ -108,7 +109,10 @@ def one_run(cfg, run, data):
                               momentum=cfg["momentum"])
         model.train()
         step = 0
-        curve.append([accuracy(model, xs, ys, s, cfg["eval_batch_size"]) for s, (xs, ys) in enumerate(subsets[:t + 1])])
+        def point(seen=t + 1):
+            return [accuracy(model, xs, ys, s, cfg["eval_batch_size"]) for s, (xs, ys) in enumerate(subsets[:seen])]
+
+        curve.append(point())
         for _ in range(cfg["epochs"]):
             order = torch.randperm(len(y), generator=gen)
             for start in range(0, len(y), bs):
@@ -119,10 +123,10 @@ def one_run(cfg, run, data):
                 opt.step()
                 step += 1
                 if step % cfg["every"] == 0:
-                    curve.append([accuracy(model, xs, ys, s, cfg["eval_batch_size"])
-                                  for s, (xs, ys) in enumerate(subsets[:t + 1])])
-        curve.append([accuracy(model, xs, ys, s, cfg["eval_batch_size"]) for s, (xs, ys) in enumerate(subsets[:t + 1])])
-        rows.append([accuracy(model, x_te, y_te, s, cfg["eval_batch_size"]) for s, (_, _, x_te, y_te) in enumerate(tasks)])
+                    curve.append(point())
+        curve.append(point())
+        rows.append([accuracy(model, x_te, y_te, s, cfg["eval_batch_size"])
+                     for s, (_, _, x_te, y_te) in enumerate(tasks)])
     return rows, curve
 
 

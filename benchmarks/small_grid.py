@@ -38,7 +38,7 @@ GRID = ["--protocol", str(ROOT / "protocols" / "depth-sweep-mini.yaml"), "--data
         "--methods", "naive", "--orders", "3", "--jobs", "1", "--no-mlflow", "--no-leaderboard", "--no-progress"]
 IMPORTS = ("import harness.cli.commands, harness.execution.check, harness.execution.sweep, harness.run.engine\n"
            "from harness.api.registry import get_registry\nget_registry()")
-CHECK = ["check", str(ROOT / "submissions" / "l2_anchor.py")]
+CHECK = ["check", "submissions/l2_anchor.py"]  # each variant checks its own copy (run in its tree)
 
 
 def load() -> str:

@@ -187,3 +187,42 @@ assert b.SplitMNIST is SplitMNIST and type(b) is types.ModuleType
 print("ok")
 """
     assert _python(code).strip().endswith("ok")
+
+
+@pytest.mark.slow
+def test_a_runs_record_is_the_same_with_and_without_the_split(tmp_path):
+    # 4 naive runs of depth-sweep-mini (digits, order 0, every regime), each way, in fresh processes
+
+    def records(name: str, **env) -> dict:
+        results = tmp_path / name
+        code = f"""
+import sys
+from harness.cli import main
+sys.exit(main(["run", "--protocol", "depth-sweep-mini", "--datasets", "digits", "--methods", "naive",
+               "--orders", "1", "--jobs", "1", "--no-mlflow", "--no-leaderboard", "--no-progress",
+               "--results", {str(results)!r}]))
+"""
+        _python(code, **env)
+        out = {}
+        for path in sorted(results.rglob("runs/*.json")):
+            record = json.loads(path.read_text())
+            record.pop("timings"), record.pop("provenance")
+            out[path.name] = record
+        return out
+
+    split, whole = records("split"), records("whole", CL_BENCH_FULL_IMPORTS="1")
+    assert len(split) == 4 and split == whole
+
+
+def test_the_cli_leaves_the_last_collection_to_the_os_once(tmp_path):
+    marker = tmp_path / "ran"
+    code = f"""
+import atexit, gc, pathlib
+atexit.register(lambda: pathlib.Path({str(marker)!r}).write_text(str(gc.get_freeze_count() > 0)))
+from harness import cli
+assert cli.main(["list", "protocols"]) == 0 and cli.main(["list", "protocols"]) == 0
+assert len(cli._FREEZE_AT_EXIT) == 1
+"""
+    _python(code)
+    # exit handlers registered before the command's still run, after the freeze
+    assert marker.read_text() == "True"
