@@ -10,15 +10,20 @@
   (wandb; qpsolvers, which imports jax). Those modules are *deferred*: importing one creates its
   module object (name, spec, path) but runs its body only on the first access to anything else
   (or the import of a submodule), so the code that uses them still works and pays for it then.
-  `CL_BENCH_FULL_IMPORTS=1` switches the deferral off.
+  The Avalanche packages in SPLIT run their __init__ without the imports of the submodules no run
+  uses (the classic benchmarks; topk_acc, which imports torchmetrics -> scipy.signal and
+  transformers); those run on the first access to a name the package lacks.
+  `CL_BENCH_FULL_IMPORTS=1` switches both off.
 """
 from __future__ import annotations
 
+import ast
 import importlib.abc
 import importlib.util
 import os
 import sys
 import tempfile
+import threading
 import types
 import warnings
 
@@ -54,7 +59,7 @@ DEFERRED = (
 # Not deferrable this way (measured): torchmetrics (topk_acc does `from torchmetrics.functional import
 # accuracy`, whose package imports transformers), torchvision.models/ops and torch._dynamo
 # (avalanche.benchmarks.classic.ex_model imports torchvision.models by name): Avalanche's packages
-# star-import every submodule, which touches every name.
+# star-import every submodule, which touches every name. SPLIT (below) keeps torchmetrics out instead.
 
 
 class _DeferredModule(types.ModuleType):
@@ -96,11 +101,111 @@ class _LoadedLoader(importlib.abc.Loader):
         pass
 
 
-class _DeferringFinder(importlib.abc.MetaPathFinder):
-    """Defers the modules in DEFERRED; runs a deferred package's body before any submodule's."""
+# Avalanche packages that import, in their __init__, modules no run uses. Each is *split*: its body
+# runs without its `from .<name> import ...` statements for the names listed, which run on the first
+# access to a name the package does not have (an attribute, `from pkg import name`, `import *`).
+# Importing a submodule (`import avalanche.benchmarks.utils`) does not run them. Every name bound
+# before the split part runs is the same object after it (tests/test_startup_imports.py checks).
+SPLIT = {
+    # avalanche.evaluation.metrics.topk_acc: `from torchmetrics.functional import accuracy`, and
+    # torchmetrics' __init__ imports scipy.signal and its text metrics, which import transformers
+    "avalanche.evaluation.metrics": ("topk_acc",),
+    # the classic benchmarks and their datasets: gdown, requests, bs4, lxml
+    "avalanche.benchmarks": ("classic",),
+}
+# Imported where the split statements stood, so that Avalanche's circular imports resolve in the
+# order they do unsplit (classic.ex_model imports the evaluation metrics, which import the training
+# templates, before avalanche/__init__ gets to `from avalanche import training`).
+SPLIT_KEEPS = {"avalanche.benchmarks": ("avalanche.evaluation.metrics",)}
+# Not split (measured, no gain): torchvision.models/ops and torch._dynamo, because
+# avalanche.training.supervised.strategy_wrappers (Naive...) imports avalanche.models.expert_gate,
+# which imports torchvision.models, and torch.optim imports torch._dynamo on the first optimizer;
+# matplotlib, because avalanche.evaluation.metric_results imports matplotlib.figure.
+_SPLIT_STATE = "_cl_bench_split"
+_SPLIT_LOCK = threading.RLock()
 
-    def __init__(self, names: tuple[str, ...]):
+
+class _SplitModule(types.ModuleType):
+    """A package whose split import statements run on the first access to a name it lacks."""
+
+    def __getattr__(self, name: str):
+        state = self.__dict__.get(_SPLIT_STATE)
+        if state is not None and state["running"]:  # its own body is running: as for any module
+            raise AttributeError(f"partially initialized module {self.__name__!r} has no attribute {name!r}")
+        _finish(self)
+        try:
+            return self.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"module {self.__name__!r} has no attribute {name!r}") from None
+
+
+def _finish(module: types.ModuleType) -> None:
+    """Run a split package's remaining import statements (once); it becomes an ordinary module."""
+    with _SPLIT_LOCK:
+        state = module.__dict__.pop(_SPLIT_STATE, None)
+        if state is None:
+            return
+        module.__class__ = types.ModuleType
+        exec(state["rest"], module.__dict__)
+
+
+def _split_body(tree: ast.Module, names: tuple[str, ...], keeps: tuple[str, ...] = ()):
+    """(the body without its `from .<name> import ...` statements, those statements), or None when
+    the body does not have each of them. `keeps` are imported, binding no name, where the first stood."""
+    eager, rest = [], []
+    for node in tree.body:
+        if not (isinstance(node, ast.ImportFrom) and node.level == 1 and node.module in names):
+            eager.append(node)
+            continue
+        if not rest:
+            for name in keeps:
+                call = ast.Call(ast.Name("__import__", ast.Load()), [ast.Constant(name)], [])
+                eager.append(ast.copy_location(ast.Expr(call), node))
+        rest.append(node)
+    if sorted(node.module for node in rest) != sorted(names):  # not the version this was written for
+        return None
+    return ast.fix_missing_locations(ast.Module(eager, [])), ast.Module(rest, [])
+
+
+class _SplittingLoader(importlib.abc.Loader):
+    def __init__(self, real: importlib.abc.Loader, names: tuple[str, ...]):
+        self.real = real
+        self.names = names
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__spec__.loader = module.__loader__ = self.real
+        origin = module.__spec__.origin
+        try:
+            source = self.real.get_source(module.__name__)
+            parts = _split_body(ast.parse(source, origin), self.names, SPLIT_KEEPS.get(module.__name__, ()))
+        except (OSError, SyntaxError, ImportError):
+            parts = None
+        if parts is None:  # run it whole
+            self.real.exec_module(module)
+            return
+        eager, rest = (compile(part, origin, "exec") for part in parts)
+        state = {"rest": rest, "running": True}
+        module.__dict__[_SPLIT_STATE] = state
+        module.__class__ = _SplitModule
+        try:
+            exec(eager, module.__dict__)
+        except BaseException:
+            module.__class__ = types.ModuleType
+            module.__dict__.pop(_SPLIT_STATE, None)
+            raise
+        state["running"] = False
+
+
+class _DeferringFinder(importlib.abc.MetaPathFinder):
+    """Defers the modules in DEFERRED and splits the packages in SPLIT;
+    runs a deferred package's body before any submodule's."""
+
+    def __init__(self, names: tuple[str, ...], split: dict[str, tuple[str, ...]]):
         self.names = frozenset(names)
+        self.split = split
 
     def find_spec(self, fullname, path, target=None):
         parent = sys.modules.get(fullname.rpartition(".")[0])
@@ -110,6 +215,11 @@ class _DeferringFinder(importlib.abc.MetaPathFinder):
                 module = sys.modules[fullname]
                 return importlib.util.spec_from_loader(fullname, _LoadedLoader(module))
             return None
+        if fullname in self.split:
+            spec = self._real_spec(fullname, path, target)
+            if spec is not None and hasattr(spec.loader, "get_source") and spec.submodule_search_locations:
+                spec.loader = _SplittingLoader(spec.loader, self.split[fullname])
+            return spec
         if fullname not in self.names:
             return None
         spec = self._real_spec(fullname, path, target)
@@ -127,10 +237,10 @@ class _DeferringFinder(importlib.abc.MetaPathFinder):
 
 
 def install_deferral() -> None:
-    """Defer the heavy modules in DEFERRED (once; not when CL_BENCH_FULL_IMPORTS=1)."""
+    """Defer the modules in DEFERRED and split the packages in SPLIT (once; not when CL_BENCH_FULL_IMPORTS=1)."""
     if os.environ.get("CL_BENCH_FULL_IMPORTS", "") in ("", "0") and not any(
             isinstance(f, _DeferringFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _DeferringFinder(DEFERRED))
+        sys.meta_path.insert(0, _DeferringFinder(DEFERRED, SPLIT))
 
 
 def _ensure_avalanche_home() -> None:

@@ -1,22 +1,28 @@
-"""Start-up: the heavy modules harness.compat defers stay unloaded by a run's imports, and load on use."""
+"""Start-up: the heavy modules harness.compat defers or splits off stay unloaded by a run's imports
+(and by `cl-bench check`), load on use, and a split package ends up exactly as it is unsplit."""
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from harness import compat
 
-# What a run imports: the engine, every built-in method, and the Avalanche strategies they build.
+# What a run imports: the CLI's command path, the engine, every built-in method, and the Avalanche
+# strategies they build.
 RUN_IMPORTS = """
+import harness.cli.commands, harness.execution.check, harness.execution.sweep
 import harness.run.engine
 from harness.api.registry import get_registry
 registry = get_registry()
 from avalanche.training.supervised import Naive, GEM
 from avalanche.training.plugins import AGEMPlugin, ReplayPlugin
 """
-HEAVY = ["wandb", "qpsolvers", "jax"]
+HEAVY = ["wandb", "qpsolvers", "jax",
+         # split off avalanche.evaluation.metrics (topk_acc) and avalanche.benchmarks (classic)
+         "torchmetrics", "transformers", "avalanche.benchmarks.classic", "gdown"]
 
 # Anything a user's method file may import from Avalanche must still import, and work, after the harness.
 AVALANCHE_PUBLIC = """
@@ -47,12 +53,18 @@ def _python(code: str, **env) -> str:
     return out.stdout
 
 
-def _loaded_after_run_imports(**env) -> dict:
-    probe = RUN_IMPORTS + f"""
+# Whether a module of each name in HEAVY, or under it, has run its body (a deferred one has not).
+LOADED = f"""
 import json, sys, types
-print(json.dumps({{m: type(sys.modules.get(m)) is types.ModuleType for m in {HEAVY!r}}}))
+def _loaded(name):
+    return any(type(m) is types.ModuleType and (k == name or k.startswith(name + "."))
+               for k, m in list(sys.modules.items()))
+print(json.dumps({{name: _loaded(name) for name in {HEAVY!r}}}))
 """
-    return json.loads(_python(probe, **env).splitlines()[-1])
+
+
+def _loaded_after_run_imports(**env) -> dict:
+    return json.loads(_python(RUN_IMPORTS + LOADED, **env).splitlines()[-1])
 
 
 def test_heavy_modules_stay_unloaded_after_a_runs_imports():
@@ -87,3 +99,130 @@ assert type(m) is types.ModuleType and sys.modules['{name}'] is m and importlib.
 print("ok")
 """
     assert _python(code).strip().endswith("ok")
+
+
+@pytest.mark.slow
+def test_cl_bench_check_does_not_load_the_heavy_modules():
+    # the real command, in one process: a method's check builds, trains and evaluates
+    code = f"""
+import runpy, sys
+sys.argv = ["cl-bench", "check", {str(Path(__file__).resolve().parents[1] / "submissions" / "l2_anchor.py")!r}]
+try:
+    runpy.run_module("harness.cli", run_name="__main__")
+except SystemExit as e:
+    assert not e.code, e.code
+""" + LOADED
+    loaded = json.loads(_python(code).splitlines()[-1])
+    assert not any(loaded.values()), f"heavy modules came back: {[m for m, v in loaded.items() if v]}"
+
+
+# Every name of a split package, described (modules by name, classes and functions by qualified name).
+SNAPSHOT = """
+import json, sys, types
+from harness import compat
+import harness.run.engine
+from harness.api.registry import get_registry
+get_registry()
+import avalanche.training, avalanche.models, avalanche.logging
+
+def describe(v):
+    if isinstance(v, types.ModuleType):
+        return "module " + v.__name__
+    qualname, module = getattr(v, "__qualname__", None), getattr(v, "__module__", None)
+    if isinstance(qualname, str) and isinstance(module, str):
+        return f"{type(v).__name__} {module}.{qualname}"
+    return repr(v) if isinstance(v, (int, float, str, bool, type(None))) else type(v).__name__
+
+def names(pkg):
+    return {k: v for k, v in vars(sys.modules[pkg]).items() if k not in ("__builtins__", "_cl_bench_split")}
+
+before = {pkg: names(pkg) for pkg in compat.SPLIT}
+split = {pkg: type(sys.modules[pkg]).__name__ == "_SplitModule" for pkg in compat.SPLIT}
+for pkg in compat.SPLIT:
+    getattr(sys.modules[pkg], "__all__", None)  # a name none of them has: runs the split part
+after = {pkg: names(pkg) for pkg in compat.SPLIT}
+changed = {pkg: sorted(k for k, v in before[pkg].items() if after[pkg].get(k) is not v) for pkg in compat.SPLIT}
+print(json.dumps({"split": split, "changed": changed,
+                  "after": {pkg: {k: describe(v) for k, v in after[pkg].items()} for pkg in compat.SPLIT}}))
+"""
+
+
+def test_a_split_package_ends_up_exactly_as_unsplit():
+    split = json.loads(_python(SNAPSHOT).splitlines()[-1])
+    whole = json.loads(_python(SNAPSHOT, CL_BENCH_FULL_IMPORTS="1").splitlines()[-1])
+    assert all(split["split"].values()) and not any(whole["split"].values())  # the probe can tell
+    # nothing bound before the split part ran is rebound by it
+    assert not any(split["changed"].values()), split["changed"]
+    # and then every name is the same object as without the split
+    for pkg in compat.SPLIT:
+        a, b = split["after"][pkg], whole["after"][pkg]
+        assert a.keys() == b.keys(), (pkg, sorted(a.keys() ^ b.keys()))
+        assert a == b, (pkg, {k: (a[k], b[k]) for k in a if a[k] != b[k]})
+
+
+def test_split_statements_are_found_in_the_installed_packages():
+    # each SPLIT entry matches the installed Avalanche (else the package would silently run whole)
+    import ast
+    import importlib.util
+
+    for pkg, names in compat.SPLIT.items():
+        spec = importlib.util.find_spec(pkg)
+        tree = ast.parse(spec.loader.get_source(pkg))
+        assert compat._split_body(tree, names) is not None, pkg
+
+
+def test_a_split_package_binds_its_split_names_on_first_use():
+    code = """
+import harness.compat, sys, types
+import avalanche.training  # the stack a run imports
+metrics = sys.modules["avalanche.evaluation.metrics"]
+assert type(metrics).__name__ == "_SplitModule" and "torchmetrics" not in sys.modules
+from avalanche.evaluation.metrics import TopkAccuracy, accuracy_metrics
+assert type(metrics) is types.ModuleType and "torchmetrics" in sys.modules
+from avalanche.evaluation.metrics import topk_acc
+assert TopkAccuracy is topk_acc.TopkAccuracy
+import avalanche.benchmarks as b
+from avalanche.benchmarks.classic import SplitMNIST
+assert b.SplitMNIST is SplitMNIST and type(b) is types.ModuleType
+print("ok")
+"""
+    assert _python(code).strip().endswith("ok")
+
+
+@pytest.mark.slow
+def test_a_runs_record_is_the_same_with_and_without_the_split(tmp_path):
+    # 4 naive runs of depth-sweep-mini (digits, order 0, every regime), each way, in fresh processes
+
+    def records(name: str, **env) -> dict:
+        results = tmp_path / name
+        code = f"""
+import sys
+from harness.cli import main
+sys.exit(main(["run", "--protocol", "depth-sweep-mini", "--datasets", "digits", "--methods", "naive",
+               "--orders", "1", "--jobs", "1", "--no-mlflow", "--no-leaderboard", "--no-progress",
+               "--results", {str(results)!r}]))
+"""
+        _python(code, **env)
+        out = {}
+        for path in sorted(results.rglob("runs/*.json")):
+            record = json.loads(path.read_text())
+            record.pop("timings"), record.pop("provenance")
+            out[path.name] = record
+        return out
+
+    split, whole = records("split"), records("whole", CL_BENCH_FULL_IMPORTS="1")
+    assert len(split) == 4 and split == whole
+
+
+def test_the_cli_leaves_the_last_collection_to_the_os_once(tmp_path):
+    marker = tmp_path / "ran"
+    code = f"""
+import atexit, gc, pathlib
+atexit.register(lambda: pathlib.Path({str(marker)!r}).write_text(str(gc.get_freeze_count() > 0)))
+from harness import cli
+assert cli.main(["list", "protocols"]) == 0 and cli.main(["list", "protocols"]) == 0
+assert len(cli._FREEZE_AT_EXIT) == 1
+"""
+    _python(code)
+    # exit handlers registered before the command's still run, after the freeze
+    assert marker.read_text() == "True"
