@@ -1,7 +1,7 @@
 """The learning checks' probe in a small run: cl-bench with the closed-form probe (checks version 2),
 with the logistic-regression probe of version 1, and without a probe, against the plain loop.
 
-python benchmarks/probe_cost.py [--dataset mnist1d] [--regime full] [--repeats 7] [--threads 1]
+python benchmarks/probe_cost.py [--dataset mnist1d] [--model mlp] [--regime full] [--repeats 7] [--threads 1]
 
 One naive run (benchmarks/_common.make_spec: 5 tasks x 3 epochs, batch 32, ~0.3 s on mnist1d) per
 side, the sides interleaved in this process after one warm-up each (_common.side_by_side); the
@@ -31,12 +31,13 @@ def logistic_probe(model, task, device, batch_size=1024):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="mnist1d")
+    ap.add_argument("--model", default="mlp", help="backbone (the demo's: cnn1d on mnist1d, mlp-bn on digits)")
     ap.add_argument("--regime", default="full")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     C.set_threads(args.threads)
-    spec = C.make_spec("naive", dataset=args.dataset, regime=args.regime)
+    spec = C.make_spec("naive", dataset=args.dataset, model=args.model, regime=args.regime)
 
     def harness():
         record = engine.run_one(spec, device="cpu")
@@ -54,7 +55,7 @@ def main() -> None:
 
     fns = {"ridge (v2)": harness, "logistic (v1)": swapped(logistic_probe),
            "no probe": swapped(lambda *a, **k: None), "plain": lambda: C.plain_run(spec)}
-    print(f"{args.dataset}, mlp, naive, regime {args.regime}, 5 tasks x 3 epochs, batch 32, {args.threads} "
+    print(f"{args.dataset}, {args.model}, naive, regime {args.regime}, 5 tasks x 3 epochs, batch 32, {args.threads} "
           f"thread(s), {args.repeats} repeat(s); {C.load_avg()}")
     result = C.side_by_side(fns, repeats=args.repeats)
     for name in ("ridge (v2)", "logistic (v1)", "no probe"):

@@ -1,6 +1,6 @@
 """Where a small run's time goes: the engine's phases, timed inside one run_one call.
 
-python benchmarks/run_costs.py [--dataset mnist1d] [--regime full] [--method naive]
+python benchmarks/run_costs.py [--dataset mnist1d] [--model mlp] [--regime full] [--method naive]
                                [--repeats 5] [--threads 1] [--continual EVERY]
 
 Wraps the engine's steps (the names harness.run.engine calls: data loading, model build,
@@ -66,6 +66,7 @@ def instrument(acc: dict):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="mnist1d")
+    ap.add_argument("--model", default="mlp", help="backbone (the demo's: cnn1d on mnist1d, mlp-bn on digits)")
     ap.add_argument("--regime", default="full")
     ap.add_argument("--method", default="naive")
     ap.add_argument("--repeats", type=int, default=5)
@@ -73,7 +74,7 @@ def main() -> None:
     ap.add_argument("--continual", type=int, default=0, help="continual evaluation every N steps (0: off)")
     args = ap.parse_args()
     C.set_threads(args.threads)
-    spec = C.make_spec(args.method, dataset=args.dataset, regime=args.regime)
+    spec = C.make_spec(args.method, dataset=args.dataset, model=args.model, regime=args.regime)
     if args.continual:
         spec = dataclasses.replace(spec, continual=ContinualSpec(args.continual, 100))
     engine.run_one(spec, device="cpu")  # warm-up
@@ -98,7 +99,7 @@ def main() -> None:
         for k, v in acc.items():
             samples[k].append(v)
     wall = statistics.median(samples["run (wall)"])
-    print(f"{args.dataset}, mlp, {args.method}, regime {args.regime}, 5 tasks x 3 epochs, batch 32, "
+    print(f"{args.dataset}, {args.model}, {args.method}, regime {args.regime}, 5 tasks x 3 epochs, batch 32, "
           f"continual {args.continual or 'off'}, {args.repeats} repeat(s); {C.load_avg()}")
     order = sorted((k for k in samples if k != "run (wall)"), key=lambda k: -statistics.median(samples[k]))
     for k in order + ["run (wall)"]:

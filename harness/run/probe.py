@@ -6,12 +6,12 @@ per class (one column for two classes), L2 penalty `RIDGE_ALPHA` on the weights,
 scikit-learn's `RidgeClassifier(alpha=1.0)` on the same standardised features, solved as one linear
 system (the smaller of the primal d×d and the dual n×n one), in numpy alone. It replaces the
 logistic regression of version 1 (`logistic_accuracy`: scikit-learn's LogisticRegression, lbfgs,
-C = 1, up to 1000 iterations), which cost ~5–10 ms a task, most of the per-run fixed cost of a
-~0.3 s run, for ~1 ms. Both are linear probes on the same features; the closed form is not the
-same number. On the demo's 1750 probed tasks (depth-sweep-mini, 350 runs) it differs from the
-logistic one by the figures in docs/issue31-progress-probe.md (mean |difference| about half a
-point, no bias); a `below-probe` flag changes only where the gap sits within those few points of
-the 10-point line.
+C = 1, up to 1000 iterations), whose fit cost ~2–5 ms a task, most of the per-run fixed cost of
+a ~0.3 s run, for a fit of ~0.5 ms (what is left is the pass over the task's data for the features).
+Both are linear probes on the same features; they are not the same number. On the demo's 1750
+probed tasks (depth-sweep-mini v5, 350 runs) the ridge probe minus the logistic one: mean −0.0006,
+mean |difference| 0.0056, largest 0.045, equal on 55 %; 8 of 47 `below-probe` warnings moved (4
+lost, 4 gained), each a gap within 3.5 points of the 10-point line (docs/issue31-progress-probe.md).
 """
 from __future__ import annotations
 
