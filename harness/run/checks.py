@@ -13,9 +13,9 @@ accuracy below the task-aware one is forgetting's and recency's measure, not a l
 - `chance`: learned ≤ chance + max(5 points, 3 binomial standard errors of chance on the task's
   test set), chance = 1 / classes per task (task-IL: `checks["chance"]`, the head's; class-IL:
   `checks["task_chance"]`, within the task).
-- `below-probe`: learned is more than 10 points below a logistic-regression probe fitted on the
-  trained model's own features of task t's training data (harness/run/probe.py; within the task's
-  classes in both scenarios): the features can separate the task, the trained head does not.
+- `below-probe`: learned is more than 10 points below a linear probe fitted on the trained model's
+  own features of task t's training data (harness/run/probe.py; within the task's classes in both
+  scenarios): the features can separate the task, the trained head does not.
 - `loss-flat`: the mean training loss of the task's last 10 % of iterations is ≥ 95 % of its
   first 10 % and still above half the loss of a uniform guess over the classes the loss covers:
   ln(1 / checks["chance"]) in task-IL (the head's); in class-IL ln of the classes seen once task t
@@ -34,6 +34,15 @@ from __future__ import annotations
 import math
 
 from ..config.vocabulary import WARNINGS, Scenario
+
+# The implementation of the checks' measurements, recorded as `checks["version"]` (a record without it is
+# version 1). Not part of the run id: the checks measure a run, they do not change what it trains (as
+# continual evaluation, config/specs.py NOT_IN_RUN_ID); a record keeps the numbers of the version that
+# measured it, and its warnings are those numbers' (the store re-derives them from the record).
+# 1: the probe is a logistic regression (scikit-learn LogisticRegression, lbfgs, C = 1) on standardised features.
+# 2: the probe is a closed-form ridge classifier (alpha 1) on the same standardised features (probe.py):
+#    a fit of ~0.5 ms a task instead of ~2-5 ms; its accuracy against version 1's: docs/issue31-progress-probe.md.
+CHECKS_VERSION = 2
 
 CHANCE_MARGIN = 0.05
 CHANCE_SIGMAS = 3.0

@@ -26,7 +26,7 @@ from ..config.errors import DriverInterrupt
 from ..config.metrics import all_metrics, step_forgetting
 from ..config.specs import RunRecord, RunSpec, failed_record
 from ..config.vocabulary import Scenario, Status, regime_depth
-from .checks import head_outputs, loss_windows, run_warnings
+from .checks import CHECKS_VERSION, head_outputs, loss_windows, run_warnings
 from .datasets import dataset_fingerprint, load_dataset
 from .evaluation import ContinualEvaluator, evaluate_class_il, task_accuracy
 from .fastdata import skip_lone_batches
@@ -465,7 +465,7 @@ def _checks(spec: RunSpec, progress: _Progress) -> dict:
     checks = {"chance": 1.0 / outputs, "n_test": list(progress.n_test), "probe_acc": list(progress.probe_acc),
               "trained_acc": list(progress.trained_acc),
               "loss_first": [w[0] if w else None for w in windows],
-              "loss_last": [w[1] if w else None for w in windows]}
+              "loss_last": [w[1] if w else None for w in windows], "version": CHECKS_VERSION}
     if spec.scenario == Scenario.CLASS_IL:  # a task judged within its own classes (checks.py)
         checks["task_chance"] = 1.0 / spec.dataset.classes_per_task
     return checks
