@@ -15,7 +15,7 @@ import numpy as np
 from ..api.plugins import DataSource, PluginError, lookup, register_builtins
 from ..config import paths
 from ..config.cache import cached
-from ..config.errors import DatasetError, DatasetMissing, UserError
+from ..config.errors import CacheError, DatasetError, DatasetMissing, UserError
 from ..config.paths import cache_dir
 from ..config.text import first_line
 from ..config.vocabulary import DATASETS, NPZ_PREFIX
@@ -59,6 +59,16 @@ def _as_data(name, x_train, y_train, x_test, y_test) -> TensorData:
 
 
 def _digits(*_) -> TensorData:
+    # Cached after the first build, by scikit-learn version: a process that loads digits from the cache
+    # never imports scikit-learn (with SciPy, ~1 s of a small grid's start-up).
+    try:
+        arrays = _cached_arrays(f"digits-sklearn-{_version('scikit-learn')}.npz", "digits", _digits_build, ARRAYS)
+    except CacheError:  # the embedded data set runs without a cache, as it always has
+        arrays = _digits_build()
+    return _as_data("digits", *(arrays[k] for k in ARRAYS))
+
+
+def _digits_build() -> dict:
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -70,34 +80,47 @@ def _digits(*_) -> TensorData:
     # Standardise with training statistics: plain [0, 1] pixels train a deep MLP slowly.
     mean, std = x_tr.mean(), x_tr.std()
     x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
-    return _as_data("digits", x_tr.reshape(-1, 1, 8, 8), y_tr, x_te.reshape(-1, 1, 8, 8), y_te)
-
-
-MNIST1D_ARRAYS = ("x", "y", "x_test", "y_test")
+    return dict(zip(ARRAYS, (x_tr.reshape(-1, 1, 8, 8), y_tr, x_te.reshape(-1, 1, 8, 8), y_te)))
 
 
 def _mnist1d(*_) -> TensorData:
-    arrays = cached(cache_dir() / "mnist1d-default.npz", _mnist1d_parse, _mnist1d_build).value
-    return _as_data("mnist1d", *(arrays[k] for k in MNIST1D_ARRAYS))
+    arrays = _cached_arrays("mnist1d-default.npz", "mnist1d", _mnist1d_build, MNIST1D_KEYS)
+    return _as_data("mnist1d", *(arrays[k] for k in ARRAYS))
 
 
-def _mnist1d_build() -> tuple[dict, bytes]:
+MNIST1D_KEYS = ("x", "y", "x_test", "y_test")  # the cache file's names (mnist1d's own) for ARRAYS
+
+
+def _mnist1d_build() -> dict:
     from mnist1d.data import get_dataset_args, make_dataset
 
     # make_dataset generates offline; mnist1d's own default would download a pickle.
     d = make_dataset(get_dataset_args())
-    arrays = {k: d[k] for k in MNIST1D_ARRAYS}
-    buffer = io.BytesIO()  # a file object: savez would add ".npz" to a name
-    np.savez(buffer, **arrays)
-    return arrays, buffer.getvalue()
+    return dict(zip(ARRAYS, (d[k] for k in MNIST1D_KEYS)))
 
 
-def _mnist1d_parse(data: bytes) -> dict:
-    # The cache's bytes are hash-checked before this; allow_pickle=False all the same.
-    with np.load(io.BytesIO(data), allow_pickle=False) as f:
-        arrays = {k: f[k] for k in MNIST1D_ARRAYS}
-    validate_arrays("mnist1d", dict(zip(ARRAYS, arrays.values())))
-    return arrays
+def _cached_arrays(filename: str, name: str, build, keys: tuple[str, ...]) -> dict:
+    """The ARRAYS of a data set generated on this machine (`build()`), kept in a cache file under `keys`
+    (hash-checked, read without pickles)."""
+    def built() -> tuple[dict, bytes]:
+        arrays = build()
+        buffer = io.BytesIO()  # a file object: savez would add ".npz" to a name
+        np.savez(buffer, **{key: arrays[k] for key, k in zip(keys, ARRAYS)})
+        return arrays, buffer.getvalue()
+
+    def parse(data: bytes) -> dict:
+        with np.load(io.BytesIO(data), allow_pickle=False) as f:
+            arrays = {k: f[key] for key, k in zip(keys, ARRAYS)}
+        validate_arrays(name, arrays)
+        return arrays
+
+    return cached(cache_dir() / filename, parse, built).value
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import version
+
+    return version(distribution)
 
 
 # name -> (torchvision class name, channels, normalisation mean, std)

@@ -218,10 +218,22 @@ def _is_code(value) -> bool:
 def _changed(owner, is_module: bool, saved: dict) -> list[str]:
     """Names of code `owner` holds now that it did not (a class), or holds otherwise than in `saved`."""
     now = vars(owner)
+    if _same(now, saved):
+        return []
     changed = [k for k, v in saved.items() if now.get(k, _MISSING) is not v and _is_code(v)]
     if not is_module and len(now) != len(saved):  # a module gains names by lazy imports; a class by patches
         changed += [k for k in now.keys() - saved.keys() if _is_code(now[k])]
     return changed
+
+
+def _same(now, saved: dict) -> bool:
+    """Whether `now` holds what `saved` does (one C-level comparison: identical values compare equal without
+    calling __eq__; code compares by identity, so an equal dict has no replaced code). Values that cannot be
+    compared (arrays) send the owner down the name-by-name path."""
+    try:
+        return bool(now == saved)
+    except Exception:
+        return False
 
 
 def _put_back(owner, key: str, value) -> None:
