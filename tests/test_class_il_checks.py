@@ -256,3 +256,30 @@ def test_the_probe_fits_a_class_il_tasks_global_labels():
     assert probe_accuracy(Identity(), task, torch.device("cpu")) == 1.0
     flipped = Task(2, (4, 5), x[:60], y[:60], x[60:], 9 - y[60:])  # 4 <-> 5: every answer a global label, wrong
     assert probe_accuracy(Identity(), flipped, torch.device("cpu")) == 0.0
+
+
+def test_the_store_range_checks_the_checks_version():
+    R, A = [[0.96, 0.0], [0.30, 0.50]], [[0.96, 0.50], [0.62, 0.50]]
+    for version in (1, checks.CHECKS_VERSION):
+        data = class_il_record(R, A, {**CHECKS, "version": version})
+        assert parse_record(data, expected_run_id=data["run_id"])[1] is None
+    for bad in (0, checks.CHECKS_VERSION + 1, "2", 1.5, True):
+        _, problem = parse_record(class_il_record(R, A, {**CHECKS, "version": bad}))
+        assert problem.kind == "corrupt" and "checks.version" in problem.reason
+
+
+def test_a_view_says_when_two_checks_versions_measured_its_records():
+    from dataclasses import replace
+
+    from harness.execution.views import view_records
+
+    R, A = [[0.96, 0.0], [0.30, 0.50]], [[0.96, 0.50], [0.62, 0.50]]
+    record, _ = parse_record(class_il_record(R, A, {**CHECKS, "version": 2}))
+    older = replace(record, spec=replace(record.spec, order=1), checks=dict(CHECKS))  # no version: version 1
+    said = []
+    assert len(view_records([record, older], log=said.append)) == 2
+    assert any("2 implementations of the learning checks (version 1: 1 runs, version 2: 1 runs)" in s
+               for s in said)
+    said.clear()
+    view_records([record], log=said.append)
+    assert not any("implementations of the learning checks" in s for s in said)

@@ -16,7 +16,7 @@ from ..config.specs import SCHEMA_VERSION, DatasetSpec, RunRecord, RunSpec, Trai
 from ..config.text import terminal_safe
 from ..config.validate import show
 from ..config.vocabulary import Scenario, Status
-from ..run.checks import head_outputs, run_warnings
+from ..run.checks import CHECKS_VERSION, head_outputs, run_warnings
 
 RECORD_KEYS = frozenset(f.name for f in fields(RunRecord))
 OPTIONAL_KEYS = frozenset({"curve"})  # absent from a record without continual evaluation
@@ -200,8 +200,9 @@ SECONDS = (_size, "a finite number >= 0")
 ACCURACY = (lambda x: x is None or (_number(x) and 0.0 <= x <= 1.0), "an accuracy in [0, 1] or null")
 FINITE = (lambda x: x is None or (_number(x) and math.isfinite(x)), "a finite number or null")
 CHANCE = (lambda x: _number(x) and 0.0 < x <= 1.0, "a chance level in (0, 1]")
+CHECKS_VERSIONS = (lambda x: _count(x) and 1 <= x <= CHECKS_VERSION, f"an integer from 1 to {CHECKS_VERSION}")
 CHECKS = {"chance": CHANCE, "task_chance": CHANCE, "n_test": COUNT, "probe_acc": ACCURACY, "trained_acc": ACCURACY,
-          "loss_first": FINITE, "loss_last": FINITE}
+          "loss_first": FINITE, "loss_last": FINITE, "version": CHECKS_VERSIONS}
 # What a method keeps between tasks (MemoryHook), one entry per trained task; null where nothing declared it.
 MEMORY = ("memory_samples", "memory_bytes")
 

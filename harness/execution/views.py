@@ -55,7 +55,9 @@ def _one_protocol(name: str, records: list, version, grid, log) -> list:
         if stale:
             log(f"note: {len(stale)} records of version {keep} are not in the protocol's grid any more (its "
                 "settings changed without a new version); they are left out")
-    return _one_curve_setting(_one_record_per_cell(chosen, keep, log), keep, log)
+    chosen = _one_curve_setting(_one_record_per_cell(chosen, keep, log), keep, log)
+    _say_checks_versions(chosen, keep, log)
+    return chosen
 
 
 def _curve_setting(record) -> tuple:
@@ -78,6 +80,21 @@ def _one_curve_setting(records: list, version: str, log) -> list:
         f"a new version, or records were; the {others} curves not taken every {kept[0]} steps on {kept[1]} rows are "
         "left out (the records' other results are shown)")
     return [r if r.curve is None or _curve_setting(r) == kept else replace(r, curve=None) for r in records]
+
+
+def checks_version(record) -> int:
+    """The implementation of the learning checks that measured `record` (1 where the record does not say)."""
+    return record.checks.get("version", 1)
+
+
+def _say_checks_versions(records: list, version: str, log) -> None:
+    """The learning checks are not in the run id: a view whose records were measured by two implementations
+    (a probe that changed) shows both, and says so."""
+    versions = Counter(checks_version(r) for r in records)
+    if len(versions) > 1:
+        log(f"note: records of version {version} were checked by {len(versions)} implementations of the learning "
+            f"checks ({', '.join(f'version {v}: {n} runs' for v, n in sorted(versions.items()))}); their "
+            "below-probe warnings come from different probes (harness/run/checks.py CHECKS_VERSION)")
 
 
 def cell_of(record) -> tuple:

@@ -5,9 +5,9 @@ that has the method (`avalanche.training.utils.trigger_plugins`). Almost all of 
 class's empty methods (`BaseSGDPlugin.before_forward` is `pass`): on a small run they cost ~5 % of
 the wall time and change nothing. `install_fast_callbacks` gives a strategy, per callback its class
 does not override, a dispatcher that calls the same plugins in the same order with the same
-arguments, leaving out only those whose method is an empty function. It re-reads the plugin list
-whenever it changes (a plugin added or removed mid-run is seen at the next callback), and a
-plugin instance carrying its own callback attribute is always called.
+arguments, leaving out only those whose method is an empty function. A plugin list changed by a
+callback is followed as Avalanche's loop follows it (a plugin appended by one plugin's callback is
+called in the same event), and a plugin instance carrying its own callback attribute is always called.
 """
 from __future__ import annotations
 
@@ -47,17 +47,31 @@ def does_something(plugin, event: str) -> bool:
 
 def _dispatcher(strategy, event: str):
     """`strategy._<event>`: trigger_plugins over the plugins whose callback does something."""
-    seen: list = [None, ()]  # the plugin list last read (a copy), and the plugins called
+    seen: list = [None, ()]  # a copy of the plugin list last read, and (index, plugin) of those to call
 
     def fire(**kwargs):
         plugins = strategy.plugins
         if plugins != seen[0]:
             seen[0] = list(plugins)
-            seen[1] = tuple(p for p in plugins if does_something(p, event))
-        for plugin in seen[1]:
+            seen[1] = tuple((i, p) for i, p in enumerate(plugins) if does_something(p, event))
+        snapshot = seen[0]
+        for i, plugin in seen[1]:
             getattr(plugin, event)(strategy, **kwargs)
+            if plugins != snapshot:  # the call changed the list: go on as trigger_plugins' loop over it would
+                _trigger_from(plugins, i + 1, strategy, event, kwargs)
+                return
 
     return fire
+
+
+def _trigger_from(plugins: list, start: int, strategy, event: str, kwargs: dict) -> None:
+    """trigger_plugins' loop from position `start` of the (live) list on: a list iterator reads it by index."""
+    i = start
+    while i < len(plugins):
+        plugin = plugins[i]
+        if hasattr(plugin, event):
+            getattr(plugin, event)(strategy, **kwargs)
+        i += 1
 
 
 def is_trigger(function, event: str) -> bool:
