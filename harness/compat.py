@@ -70,11 +70,18 @@ class _DeferredModule(types.ModuleType):
         return getattr(self, name)
 
 
-def _load(module: types.ModuleType) -> None:
-    loader = module.__spec__.loader.real
+def _load(module: types.ModuleType, loader: importlib.abc.Loader | None = None) -> None:
+    """Run an installed library's module with its real loader (a deferred module, or a package run whole)."""
+    loader = loader or module.__spec__.loader.real
     module.__class__ = types.ModuleType  # from now on an ordinary module
     module.__spec__.loader = module.__loader__ = loader
     loader.exec_module(module)
+
+
+def _run_installed(code: types.CodeType, module: types.ModuleType) -> None:
+    """Run part of an installed package's own __init__ (its source as the import system found it, never a
+    file a user named) in the package's namespace."""
+    exec(code, module.__dict__)
 
 
 class _DeferringLoader(importlib.abc.Loader):
@@ -146,7 +153,7 @@ def _finish(module: types.ModuleType) -> None:
         if state is None:
             return
         module.__class__ = types.ModuleType
-        exec(state["rest"], module.__dict__)
+        _run_installed(state["rest"], module)
 
 
 def _split_body(tree: ast.Module, names: tuple[str, ...], keeps: tuple[str, ...] = ()):
@@ -184,14 +191,14 @@ class _SplittingLoader(importlib.abc.Loader):
         except (OSError, SyntaxError, ImportError):
             parts = None
         if parts is None:  # run it whole
-            self.real.exec_module(module)
+            _load(module, self.real)
             return
         eager, rest = (compile(part, origin, "exec") for part in parts)
         state = {"rest": rest, "running": True}
         module.__dict__[_SPLIT_STATE] = state
         module.__class__ = _SplitModule
         try:
-            exec(eager, module.__dict__)
+            _run_installed(eager, module)
         except BaseException:
             module.__class__ = types.ModuleType
             module.__dict__.pop(_SPLIT_STATE, None)
