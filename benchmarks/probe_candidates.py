@@ -7,7 +7,7 @@ this process with continual evaluation off (it changes no training), keeps each 
 features (probe.probe_features), checks the accuracy matrix equals the record's, and scores each
 candidate probe against the logistic one: mean and mean/max absolute difference of the accuracy, the
 below-probe warnings it would lose or gain (the learned accuracy as harness/run/checks.py judges it), and
-the fit's milliseconds a task. How the ridge probe of version 2 was chosen: docs/issue31-progress-probe.md.
+the fit's milliseconds a task. How the ridge probe of version 2 was chosen: docs/small-grids.md.
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from ..config.vocabulary import WARNINGS, Scenario
 # measured it, and its warnings are those numbers' (the store re-derives them from the record).
 # 1: the probe is a logistic regression (scikit-learn LogisticRegression, lbfgs, C = 1) on standardised features.
 # 2: the probe is a closed-form ridge classifier (alpha 1) on the same standardised features (probe.py):
-#    a fit of ~0.5 ms a task instead of ~2-5 ms; its accuracy against version 1's: docs/issue31-progress-probe.md.
+#    a fit of ~0.5 ms a task instead of ~2-5 ms; its accuracy against version 1's: docs/small-grids.md.
 CHECKS_VERSION = 2
 
 CHANCE_MARGIN = 0.05

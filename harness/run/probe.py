@@ -11,7 +11,7 @@ a ~0.3 s run, for a fit of ~0.5 ms (what is left is the pass over the task's dat
 Both are linear probes on the same features; they are not the same number. On the demo's 1750
 probed tasks (depth-sweep-mini v5, 350 runs) the ridge probe minus the logistic one: mean −0.0006,
 mean |difference| 0.0056, largest 0.045, equal on 55 %; 8 of 47 `below-probe` warnings moved (4
-lost, 4 gained), each a gap within 3.5 points of the 10-point line (docs/issue31-progress-probe.md).
+lost, 4 gained), each a gap within 3.5 points of the 10-point line (docs/small-grids.md).
 """
 from __future__ import annotations
 
