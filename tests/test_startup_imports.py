@@ -72,6 +72,25 @@ def test_heavy_modules_stay_unloaded_after_a_runs_imports():
     assert not any(loaded.values()), f"heavy modules came back: {[m for m, v in loaded.items() if v]}"
 
 
+NOT_IMPORTED = """
+import sys
+print(sorted(m for m in ("sklearn", "scipy") if m in sys.modules))
+"""
+
+
+def test_a_runs_imports_leave_scikit_learn_and_scipy_out():
+    # the learning checks' probe is NumPy (checks version 2); the logistic probe of version 1 imported both
+    assert _python(RUN_IMPORTS + NOT_IMPORTED).strip().splitlines()[-1] == "[]"
+
+
+def test_digits_from_the_cache_imports_neither(tmp_path):
+    load = "from harness.run.datasets import load_dataset, fingerprint\nprint(fingerprint(load_dataset('digits')))\n"
+    built = _python(load, CL_BENCH_CACHE=str(tmp_path)).strip().splitlines()[-1]
+    assert list(tmp_path.glob("digits-sklearn-*.npz"))
+    lines = _python(load + NOT_IMPORTED, CL_BENCH_CACHE=str(tmp_path)).strip().splitlines()
+    assert lines[-2] == built and lines[-1] == "[]"  # the same arrays as built
+
+
 def test_switching_the_deferral_off_loads_them_all():
     # the same probe sees them when nothing is deferred: it can tell
     assert all(_loaded_after_run_imports(CL_BENCH_FULL_IMPORTS="1").values())
