@@ -462,6 +462,18 @@ def test_an_unwritable_cache_for_mnist1d_is_one_line(variant, tmp_path, monkeypa
     assert f"CL_BENCH_CACHE={value}" in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("variant", ["a-file", "under-a-file", "name-too-long"])
+def test_an_unwritable_cache_leaves_digits_as_it_was_built_before_the_cache(variant, tmp_path, monkeypatch):
+    from harness.run.datasets import fingerprint
+
+    monkeypatch.setenv("CL_BENCH_CACHE", str(tmp_path / "good"))
+    cached = fingerprint(ds._digits())
+    assert list((tmp_path / "good").glob("digits-sklearn-*.npz"))
+    value, _ = unwritable_caches(tmp_path)[variant]
+    monkeypatch.setenv("CL_BENCH_CACHE", str(value))
+    assert fingerprint(ds._digits()) == cached  # the embedded data set needs no cache
+
+
 def test_unset_cache_variable_is_named_too(tmp_path, monkeypatch):
     from harness.config.paths import cache_dir
 
