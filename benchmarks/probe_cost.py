@@ -1,7 +1,7 @@
 """The learning checks' probe in a small run: cl-bench with the closed-form probe (checks version 2),
 with the logistic-regression probe of version 1, and without a probe, against the plain loop; and
-the whole per-run state before issue 31 ("before": the version-1 probe, Avalanche's own plugin
-callbacks instead of harness.run.callbacks, the process-state check compared name by name).
+the whole per-run state before issue 31 ("before": the version-1 probe and the process-state check
+compared name by name).
 
 python benchmarks/probe_cost.py [--dataset mnist1d] [--model mlp] [--regime full] [--repeats 7] [--threads 1]
 
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
 
-from harness.run import engine, isolation, probe, speedups  # noqa: E402
+from harness.run import engine, isolation, probe  # noqa: E402
 
 
 def logistic_probe(model, task, device, batch_size=1024):
@@ -56,12 +56,12 @@ def main() -> None:
         return run
 
     def before():
-        saved = speedups.install_fast_callbacks, isolation._same
-        speedups.install_fast_callbacks, isolation._same = (lambda strategy: None), (lambda now, saved: False)
+        saved = isolation._same
+        isolation._same = lambda now, saved: False
         try:
             swapped(logistic_probe)()
         finally:
-            speedups.install_fast_callbacks, isolation._same = saved
+            isolation._same = saved
 
     fns = {"ridge (v2)": harness, "logistic (v1)": swapped(logistic_probe),
            "no probe": swapped(lambda *a, **k: None), "before": before, "plain": lambda: C.plain_run(spec)}

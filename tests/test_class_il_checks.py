@@ -263,9 +263,12 @@ def test_the_store_range_checks_the_checks_version():
     for version in (1, checks.CHECKS_VERSION):
         data = class_il_record(R, A, {**CHECKS, "version": version})
         assert parse_record(data, expected_run_id=data["run_id"])[1] is None
-    for bad in (0, checks.CHECKS_VERSION + 1, "2", 1.5, True):
+    for bad in (0, -1, "2", 1.5, True, None):
         _, problem = parse_record(class_il_record(R, A, {**CHECKS, "version": bad}))
         assert problem.kind == "corrupt" and "checks.version" in problem.reason
+    # a newer cl-bench's checks: not this one's to judge, and not damaged either
+    _, problem = parse_record(class_il_record(R, A, {**CHECKS, "version": checks.CHECKS_VERSION + 1}))
+    assert problem.kind == "foreign" and f"checks.version {checks.CHECKS_VERSION + 1}: measured by a newer" in problem.reason
 
 
 def test_a_view_says_when_two_checks_versions_measured_its_records():
@@ -282,4 +285,7 @@ def test_a_view_says_when_two_checks_versions_measured_its_records():
                for s in said)
     said.clear()
     view_records([record], log=said.append)
+    assert not any("implementations of the learning checks" in s for s in said)
+    lost = replace(record, spec=replace(record.spec, order=2), checks={})  # a run whose worker died: no checks
+    view_records([record, lost], log=said.append)
     assert not any("implementations of the learning checks" in s for s in said)

@@ -67,6 +67,9 @@ def validate_record(data, expected_run_id: str | None = None, protocol: str | No
         return Problem("foreign", f"schema_version {data.get('schema_version')!r}: written by another cl-bench "
                                   f"(this one reads {SCHEMA_VERSION}, whose run ids cover the method's code and the "
                                   "data); never counted, its run is redone under the new run id")
+    newer = _newer_checks(data.get("checks"))
+    if newer:
+        return Problem("foreign", newer)
     keys = set(data)
     if not RECORD_KEYS - OPTIONAL_KEYS <= keys <= RECORD_KEYS:
         missing, extra = sorted(RECORD_KEYS - keys), sorted(keys - RECORD_KEYS)
@@ -90,6 +93,15 @@ def validate_record(data, expected_run_id: str | None = None, protocol: str | No
     if protocol is not None and data["spec"].get("protocol") != protocol:
         return Problem("foreign", f"a record of protocol {data['spec'].get('protocol')!r} in the folder of "
                                   f"protocol {protocol!r}")
+    return None
+
+
+def _newer_checks(checks) -> str | None:
+    """Why a record's learning checks are a newer cl-bench's (an implementation this one does not know)."""
+    version = checks.get("version") if isinstance(checks, dict) else None
+    if _count(version) and version > CHECKS_VERSION:
+        return (f"checks.version {version}: measured by a newer cl-bench's learning checks (this one knows versions "
+                f"1 to {CHECKS_VERSION}); not counted")
     return None
 
 

@@ -90,7 +90,7 @@ def checks_version(record) -> int:
 def _say_checks_versions(records: list, version: str, log) -> None:
     """The learning checks are not in the run id: a view whose records were measured by two implementations
     (a probe that changed) shows both, and says so."""
-    versions = Counter(checks_version(r) for r in records)
+    versions = Counter(checks_version(r) for r in records if r.checks)  # a lost run's record measured nothing
     if len(versions) > 1:
         log(f"note: records of version {version} were checked by {len(versions)} implementations of the learning "
             f"checks ({', '.join(f'version {v}: {n} runs' for v, n in sorted(versions.items()))}); their "

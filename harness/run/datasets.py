@@ -58,11 +58,15 @@ def _as_data(name, x_train, y_train, x_test, y_test) -> TensorData:
     return TensorData(name, x(x_train), y(y_train), x(x_test), y(y_test))
 
 
+DIGITS_BUILD = "v1"  # the cache file's name changes with _digits_build (its split or normalisation)
+
+
 def _digits(*_) -> TensorData:
     # Cached after the first build, by scikit-learn version: a process that loads digits from the cache
     # never imports scikit-learn (with SciPy, ~1 s of a small grid's start-up).
     try:
-        arrays = _cached_arrays(f"digits-sklearn-{_version('scikit-learn')}.npz", "digits", _digits_build, ARRAYS)
+        arrays = _cached_arrays(f"digits-{DIGITS_BUILD}-sklearn-{_version('scikit-learn')}.npz", "digits",
+                                _digits_build, ARRAYS)
     except CacheError:  # the embedded data set runs without a cache, as it always has
         arrays = _digits_build()
     return _as_data("digits", *(arrays[k] for k in ARRAYS))

@@ -16,6 +16,7 @@ The global random generators need no restoring: every run seeds them first (engi
 """
 from __future__ import annotations
 
+import operator
 import os
 import signal
 import sys
@@ -227,13 +228,10 @@ def _changed(owner, is_module: bool, saved: dict) -> list[str]:
 
 
 def _same(now, saved: dict) -> bool:
-    """Whether `now` holds what `saved` does (one C-level comparison: identical values compare equal without
-    calling __eq__; code compares by identity, so an equal dict has no replaced code). Values that cannot be
-    compared (arrays) send the owner down the name-by-name path."""
-    try:
-        return bool(now == saved)
-    except Exception:
-        return False
+    """Whether `now` holds the very objects `saved` does, under the same names in the same order (identity
+    only, in C: a replacement that compares equal, such as a wrapping proxy, is a change)."""
+    return (len(now) == len(saved) and all(map(operator.is_, now.keys(), saved.keys()))
+            and all(map(operator.is_, now.values(), saved.values())))
 
 
 def _put_back(owner, key: str, value) -> None:

@@ -1,12 +1,10 @@
-"""The run's speed-ups, switched together: fast data path, idle evaluator dropped, prefix caching,
-empty plugin callbacks skipped.
+"""The run's speed-ups, switched together: fast data path, idle evaluator dropped, prefix caching.
 
 Each leaves a record exactly as it would be without it, except the fast data path's
 minibatch order (see harness.run.fastdata), which is part of what a record means.
 """
 from __future__ import annotations
 
-from .callbacks import install_fast_callbacks
 from .evaluation import evaluate_tasks
 from .fastdata import install_fast_path
 from .prefix_cache import EvalCache, cache_allowed, install_prefix_cache
@@ -33,11 +31,10 @@ PREFIX_CACHE = True
 
 
 def install_speedups(strategy, adapter, tasks, seed: int, eval_batch_size: int = 1024) -> None:
-    """Fast data path, idle-evaluator removal, fast callbacks and (where allowed) frozen-prefix caching."""
+    """Fast data path, idle-evaluator removal and (where allowed) frozen-prefix caching."""
     if not ENABLED:
         return
     drop_idle_evaluator(strategy)
-    install_fast_callbacks(strategy)
     cache = install_prefix_cache(strategy, PREFIX_CACHE and cache_allowed(strategy, adapter),
                                  eval_batch_size)
     strategy.harness_cache = cache  # the installed PrefixCache (tests read which tasks it cached)

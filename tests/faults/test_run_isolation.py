@@ -130,6 +130,14 @@ HARNESS_PATCHES = {
     "evaluation": "import harness.run.evaluation as m\nm.task_accuracy = lambda *a, **k: 1.0",
     "metrics": "import harness.config.metrics as m\nm.all_metrics = lambda *a, **k: {'ACC': 1.0}",
     "engine": "import harness.run.engine as m\nm.evaluate_class_il = lambda *a, **k: ([1.0], [1.0])",
+    # a wrapping proxy (as wrapt makes) that says it equals what it replaced: caught by identity
+    "equal-proxy": "import harness.run.evaluation as m\n"
+                   "class Proxy:\n"
+                   "    def __init__(self, f): self.f = f\n"
+                   "    def __call__(self, *a, **k): return 1.0\n"
+                   "    def __eq__(self, other): return other is self.f or other is self\n"
+                   "    __hash__ = object.__hash__\n"
+                   "if not isinstance(m.task_accuracy, Proxy): m.task_accuracy = Proxy(m.task_accuracy)",
 }
 
 
