@@ -7,6 +7,7 @@ printed next to wall seconds because they depend less on the neighbours.
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -74,6 +75,17 @@ def plain_run(spec: RunSpec, extra=None, device: str = "cpu") -> list:
             extra.after_task(model, task)
         rows.append(evaluate_tasks(model, tasks, spec.eval_batch_size, device))
     return rows
+
+
+def small_run_parser(doc: str, repeats: int = 7) -> argparse.ArgumentParser:
+    """The arguments of the small-run benchmarks: one make_spec run (dataset, model, regime), repeats, threads."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="mnist1d")
+    ap.add_argument("--model", default="mlp", help="backbone (the demo's: cnn1d on mnist1d, mlp-bn on digits)")
+    ap.add_argument("--regime", default="full")
+    ap.add_argument("--repeats", type=int, default=repeats)
+    ap.add_argument("--threads", type=int, default=1)
+    return ap
 
 
 def timed(fn):

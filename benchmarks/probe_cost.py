@@ -13,7 +13,6 @@ each side's wall and CPU ratio to the plain loop (benchmarks/overhead.py's refer
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -31,13 +30,7 @@ def logistic_probe(model, task, device, batch_size=1024):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default="mnist1d")
-    ap.add_argument("--model", default="mlp", help="backbone (the demo's: cnn1d on mnist1d, mlp-bn on digits)")
-    ap.add_argument("--regime", default="full")
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    args = C.small_run_parser(__doc__).parse_args()
     C.set_threads(args.threads)
     spec = C.make_spec("naive", dataset=args.dataset, model=args.model, regime=args.regime)
 

@@ -12,7 +12,6 @@ evaluation on (every EVERY optimizer steps, 100 test rows). A timer costs ~1 µs
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import statistics
 import sys
@@ -64,13 +63,8 @@ def instrument(acc: dict):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default="mnist1d")
-    ap.add_argument("--model", default="mlp", help="backbone (the demo's: cnn1d on mnist1d, mlp-bn on digits)")
-    ap.add_argument("--regime", default="full")
+    ap = C.small_run_parser(__doc__, repeats=5)
     ap.add_argument("--method", default="naive")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--continual", type=int, default=0, help="continual evaluation every N steps (0: off)")
     args = ap.parse_args()
     C.set_threads(args.threads)

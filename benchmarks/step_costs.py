@@ -10,7 +10,6 @@ the plain loop does not (callbacks, the empty loss, unpacking) shows as its own 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections import Counter
@@ -107,13 +106,7 @@ def plain(spec) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default="mnist1d")
-    ap.add_argument("--model", default="mlp")
-    ap.add_argument("--regime", default="full")
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    args = C.small_run_parser(__doc__).parse_args()
     C.set_threads(args.threads)
     spec = C.make_spec("naive", dataset=args.dataset, model=args.model, regime=args.regime)
     SGDUpdate.training_epoch = timed_epoch
