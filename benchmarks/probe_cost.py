@@ -1,7 +1,6 @@
 """The learning checks' probe in a small run: cl-bench with the closed-form probe (checks version 2),
-with the logistic-regression probe of version 1, and without a probe, against the plain loop; and
-the whole per-run state before issue 31 ("before": the version-1 probe and the process-state check
-compared name by name).
+with the logistic-regression probe of version 1 (the per-run state before issue 31: the probe was its
+only change inside a run), and without a probe, against the plain loop.
 
 python benchmarks/probe_cost.py [--dataset mnist1d] [--model mlp] [--regime full] [--repeats 7] [--threads 1]
 
@@ -20,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
 
-from harness.run import engine, isolation, probe  # noqa: E402
+from harness.run import engine, probe  # noqa: E402
 
 
 def logistic_probe(model, task, device, batch_size=1024):
@@ -48,23 +47,14 @@ def main() -> None:
                 engine.probe_accuracy = saved
         return run
 
-    def before():
-        saved = isolation._same
-        isolation._same = lambda now, saved: False
-        try:
-            swapped(logistic_probe)()
-        finally:
-            isolation._same = saved
-
     fns = {"ridge (v2)": harness, "logistic (v1)": swapped(logistic_probe),
-           "no probe": swapped(lambda *a, **k: None), "before": before, "plain": lambda: C.plain_run(spec)}
+           "no probe": swapped(lambda *a, **k: None), "plain": lambda: C.plain_run(spec)}
     print(f"{args.dataset}, {args.model}, naive, regime {args.regime}, 5 tasks x 3 epochs, batch 32, {args.threads} "
           f"thread(s), {args.repeats} repeat(s); {C.load_avg()}")
     result = C.side_by_side(fns, repeats=args.repeats)
     for name in ("ridge (v2)", "logistic (v1)", "no probe"):
         print(C.ratio_line(f"probe {name} / plain", result, name, "plain"))
-    print(C.ratio_line("before issue 31 / plain", result, "before", "plain"))
-    print(C.ratio_line("now / before issue 31", result, "ridge (v2)", "before"))
+    print(C.ratio_line("now / before issue 31 (v1)", result, "ridge (v2)", "logistic (v1)"))
     print(f"done; {C.load_avg()}")
 
 

@@ -16,7 +16,6 @@ The global random generators need no restoring: every run seeds them first (engi
 """
 from __future__ import annotations
 
-import operator
 import os
 import signal
 import sys
@@ -219,19 +218,10 @@ def _is_code(value) -> bool:
 def _changed(owner, is_module: bool, saved: dict) -> list[str]:
     """Names of code `owner` holds now that it did not (a class), or holds otherwise than in `saved`."""
     now = vars(owner)
-    if _same(now, saved):
-        return []
     changed = [k for k, v in saved.items() if now.get(k, _MISSING) is not v and _is_code(v)]
     if not is_module and len(now) != len(saved):  # a module gains names by lazy imports; a class by patches
         changed += [k for k in now.keys() - saved.keys() if _is_code(now[k])]
     return changed
-
-
-def _same(now, saved: dict) -> bool:
-    """Whether `now` holds the very objects `saved` does, under the same names in the same order (identity
-    only, in C: a replacement that compares equal, such as a wrapping proxy, is a change)."""
-    return (len(now) == len(saved) and all(map(operator.is_, now.keys(), saved.keys()))
-            and all(map(operator.is_, now.values(), saved.values())))
 
 
 def _put_back(owner, key: str, value) -> None:
