@@ -24,6 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
+from probe_agreement import learned  # noqa: E402
 
 from harness.config.specs import RunSpec  # noqa: E402
 from harness.run import checks, engine, probe  # noqa: E402
@@ -94,12 +95,6 @@ def collect(results: Path, orders: set, datasets: set | None) -> list:
             continue
         out.append((r, rec.checks["probe_acc"], feats))
     return out
-
-
-def learned(r: dict, t: int) -> float:
-    judged = r["acc_matrix_task_aware"] if r["spec"]["scenario"] == "class-il" else r["acc_matrix"]
-    trained = (r["checks"].get("trained_acc") or [None] * (t + 1))[t]
-    return judged[t][t] if trained is None else max(trained, judged[t][t])
 
 
 def main() -> None:

@@ -33,6 +33,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _watch import first_and_total  # noqa: E402
+
 PY = sys.executable
 GRID = ["--protocol", str(ROOT / "protocols" / "depth-sweep-mini.yaml"), "--datasets", "digits",
         "--methods", "naive", "--orders", "3", "--jobs", "1", "--no-mlflow", "--no-leaderboard", "--no-progress"]
@@ -69,12 +72,7 @@ def grid_run(variant: Variant, folder: Path) -> dict:
     t0 = time.perf_counter()
     proc = subprocess.Popen(variant.cli("run", *GRID, "--results", str(results)), cwd=variant.root,
                             env=variant.environ(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    first = None
-    while proc.poll() is None:
-        if first is None and runs.is_dir() and any(p.suffix == ".json" for p in runs.iterdir()):
-            first = time.perf_counter() - t0
-        time.sleep(0.02)
-    total = time.perf_counter() - t0
+    first, total = first_and_total(proc, runs, t0)
     if proc.returncode != 0:
         raise SystemExit(f"{variant.name}: cl-bench run exited {proc.returncode}: {proc.stderr.read()[-2000:]!r}")
     n = len(list(runs.glob("*.json")))

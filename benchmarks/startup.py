@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
+from _watch import first_and_total  # noqa: E402
 
 PY = sys.executable
 CLI = [PY, "-m", "harness.cli"]
@@ -105,12 +106,7 @@ def first_record(jobs: int, start_method: str | None, folder: Path) -> tuple[flo
     runs = results / "startup-grid" / "runs"
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = None
-    while proc.poll() is None:
-        if first is None and runs.is_dir() and any(p.suffix == ".json" for p in runs.iterdir()):
-            first = time.perf_counter() - t0
-        time.sleep(0.02)
-    total = time.perf_counter() - t0
+    first, total = first_and_total(proc, runs, t0)
     if proc.returncode != 0:
         raise SystemExit(f"cl-bench run exited {proc.returncode}: {' '.join(argv)}")
     return (first if first is not None else total), total
