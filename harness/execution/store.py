@@ -17,6 +17,7 @@ from ..config.text import terminal_safe
 from ..config.validate import show
 from ..config.vocabulary import Scenario, Status
 from ..run.checks import CHECKS_VERSION, head_outputs, run_warnings
+from ..run.provenance import method_problem
 
 RECORD_KEYS = frozenset(f.name for f in fields(RunRecord))
 OPTIONAL_KEYS = frozenset({"curve"})  # absent from a record without continual evaluation
@@ -180,6 +181,9 @@ def _shape_problem(data: dict) -> str | None:
         return "its update_norms are not lists of numbers (shared, relative, step_forgetting, per_block) and a drift"
     if not all(isinstance(data["provenance"].get(k, {}), (dict, type(None))) for k in ("method", "submission")):
         return "its provenance's method/submission are not mappings"
+    method = method_problem(data["provenance"].get("method") or {})
+    if method:
+        return method
     if not all(isinstance(w, dict) and isinstance(w.get("code"), str) and isinstance(w.get("message"), str)
                and (w.get("task") is None or _number(w["task"])) for w in data["warnings"]):
         return "its warnings are not {code, task, message} entries"

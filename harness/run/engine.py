@@ -35,7 +35,7 @@ from .models import build_model, shared_effective_weights, trainable_block_names
 from .norms import snapshot, update_norms
 from .plugins import DivergedError, HarnessPlugin
 from .probe import probe_accuracy
-from .provenance import provenance
+from .provenance import method_provenance, provenance
 from .regimes import (
     apply_regime,
     changed_frozen,
@@ -320,7 +320,7 @@ def _resolve_adapter(spec: RunSpec, method_files, progress: _Progress):
     source = adapter.source
     if source != "built-in" and Path(source).is_file():
         source = str(Path(source).resolve())
-    progress.method = {"implementation": adapter.implementation, "source": source}
+    progress.method = method_provenance(adapter, {**adapter.defaults, **spec.hparams}, source)
     if spec.method_version and adapter.implementation != spec.method_version:
         raise IdentityError(f"method {spec.method!r} is implementation {adapter.implementation} ({adapter.source}), "
                             f"but this run was planned with {spec.method_version}: the method changed since; "

@@ -1,11 +1,14 @@
 """Where a record came from: package versions, git SHA, device, host."""
 from __future__ import annotations
 
+import inspect
 import platform
 import socket
 import subprocess
 from functools import lru_cache
 
+from ..api.codefile import code_bytes, code_sha256
+from ..config.errors import RegistryError
 from ..config.resources import source_tree
 
 
@@ -43,3 +46,95 @@ def provenance(device: str) -> dict:
     """Provenance block of a record."""
     return {"versions": package_versions(), "git_sha": git_sha(), "device": device,
             "hostname": socket.gethostname(), "platform": platform.platform()}
+
+
+# Bounds of the method metadata a record carries (provenance["method"]): it is shown on boards built
+# from other labs' records, so it is kept short; the store refuses a record beyond them.
+METHOD_TEXT_LIMIT = {"description": 2000, "reference": 500, "name": 200, "family": 200, "kind": 20,
+                     "implementation": 200, "source": 1000, "sha256": 64}
+CAPTION_LIMIT = 500
+MAX_CAPTIONS = 64
+MAX_HPARAMS = 64
+METHOD_KINDS = ("built-in", "file", "entry point")
+_JSON_KIND = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict", None: "null"}
+
+
+def method_provenance(adapter, hparams: dict, source: str) -> dict:
+    """What the site shows of a method, recorded at run time so that no page imports its code.
+
+    `source` is the engine's hint for `reproduce` (built-in, the file's absolute path, the entry point);
+    `hparams` the run's effective values. Text is cut to METHOD_TEXT_LIMIT.
+    """
+    kind = method_kind(adapter.source)
+    entry = {"source": source, "implementation": adapter.implementation, "kind": kind, "name": adapter.name,
+             "family": adapter.family, "description": adapter.description, "reference": adapter.reference}
+    entry = {k: _cut(str(v), METHOD_TEXT_LIMIT[k]) for k, v in entry.items()}
+    digest = _code_sha256(adapter, kind)
+    if digest:
+        entry["sha256"] = digest
+    entry["captions"] = {_cut(str(k), 200): _cut(str(v), CAPTION_LIMIT)
+                         for k, v in list(adapter.captions.items())[:MAX_CAPTIONS]}
+    entry["hparams"] = {k: {"value": v, "type": hparam_type(adapter, k)}
+                        for k, v in list(hparams.items())[:MAX_HPARAMS]}
+    return entry
+
+
+def method_kind(source: str) -> str:
+    """"built-in", "entry point" or "file", from an adapter's source (the registry sets it so)."""
+    if source == "built-in":
+        return "built-in"
+    return "entry point" if source.startswith("entry point ") else "file"
+
+
+def hparam_type(adapter, key: str) -> list[str]:
+    """The JSON kinds hyperparameter `key` takes (its HPARAM_TYPES, else its default's type); [] any."""
+    declared = tuple(adapter.hparam_types.get(key, ()))
+    if declared:
+        return [_JSON_KIND.get(k, "any") for k in declared]
+    default = adapter.defaults.get(key)
+    found = next((k for k in (bool, int, float, str, list, dict) if isinstance(default, k)), None)
+    return [_JSON_KIND[found]] if found is not None else []
+
+
+def _code_sha256(adapter, kind: str) -> str | None:
+    """The full sha256 of a file's or entry point's code: the digest the registry kept on the file module
+    that ran, else of the named file (a file) or of the file defining `build` (an entry point); None for a
+    built-in or where there is no file."""
+    if kind == "built-in":
+        return None
+    from ..api.registry import CODE_DIGEST  # here: the registry imports torch, this module's other users need not
+
+    kept = getattr(adapter.build, "__globals__", {}).get(CODE_DIGEST)
+    if kind == "file" and isinstance(kept, str):
+        return kept
+    try:
+        path = adapter.source if kind == "file" else inspect.getsourcefile(adapter.build)
+        return code_sha256(code_bytes(path)) if path else None
+    except (TypeError, OSError, RegistryError):
+        return None
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def method_problem(entry: dict) -> str | None:
+    """What is wrong with a record's provenance["method"] (read back: untrusted), or None; an older record's
+    {"implementation", "source"} passes, every key present must have its type and bound."""
+    for key, limit in METHOD_TEXT_LIMIT.items():
+        if key in entry and not (isinstance(entry[key], str) and len(entry[key]) <= limit):
+            return f"its provenance.method.{key} is not a string of at most {limit} characters"
+    if "kind" in entry and entry["kind"] not in METHOD_KINDS:
+        return f"its provenance.method.kind is not one of {', '.join(METHOD_KINDS)}"
+    captions = entry.get("captions", {})
+    if not (isinstance(captions, dict) and len(captions) <= MAX_CAPTIONS and all(
+            isinstance(k, str) and len(k) <= 200 and isinstance(v, str) and len(v) <= CAPTION_LIMIT
+            for k, v in captions.items())):
+        return f"its provenance.method.captions are not at most {MAX_CAPTIONS} short strings by key"
+    hparams = entry.get("hparams", {})
+    if not (isinstance(hparams, dict) and len(hparams) <= MAX_HPARAMS and all(
+            isinstance(k, str) and isinstance(v, dict) and set(v) == {"value", "type"} and isinstance(v["type"], list)
+            and all(t in _JSON_KIND.values() or t == "any" for t in v["type"]) for k, v in hparams.items())):
+        return (f"its provenance.method.hparams are not at most {MAX_HPARAMS} {{value, type}} entries "
+                f"(type: a list of {', '.join(_JSON_KIND.values())})")
+    return None
