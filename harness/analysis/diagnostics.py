@@ -38,6 +38,20 @@ class DiagnosticMeans:
 
 
 @dataclass(frozen=True)
+class DiagnosticTable:
+    """The series of one top-level diagnostic key (a dict's entries, a list of lists' rows) as one table."""
+
+    key: str
+    series: tuple[DiagnosticMeans, ...]  # names sorted
+    scalars: frozenset  # names of series that are one number per run (their own column, not t1)
+
+    @property
+    def width(self) -> int:
+        """The longest per-task series' length (0 when every series is a scalar)."""
+        return max((d.width for d in self.series if d.name not in self.scalars), default=0)
+
+
+@dataclass(frozen=True)
 class TaskSweep:
     """One task's sweeps over n runs: every run's y at each grid x, and its recorded scalars."""
 
@@ -68,41 +82,63 @@ def series(v) -> list | None:
 
 def named_series(diagnostics: dict | None) -> list[tuple[str, list]]:
     """A record's numeric diagnostics as (name, series) pairs, in its key order; sweeps are left out."""
-    return [pair for k, v in (diagnostics or {}).items() for pair in flatten(k, v)]
+    return [(name, s) for _, name, s, _ in named_entries(diagnostics)]
+
+
+def named_entries(diagnostics: dict | None) -> list[tuple[str, str, list, bool]]:
+    """(top-level key, name, series, scalar) of a record's numeric diagnostics: scalar when the value was
+    one number (not a list of one), so that a table can give it its own column beside per-task series."""
+    return [(k, name, s, scalar) for k, v in (diagnostics or {}).items() for name, s, scalar in _flatten(k, v)]
 
 
 def flatten(k: str, v) -> list[tuple[str, list]]:
     """Numeric diagnostics as named series: a number, a list of numbers, a list of such lists,
     a dict of those, or a per-task list of dicts (one series per key). Sweeps are charts instead."""
+    return [(name, s) for name, s, _ in _flatten(k, v)]
+
+
+def _flatten(k: str, v) -> list[tuple[str, list, bool]]:
     if is_number(v):
-        return [(k, [float(v)])]
+        return [(k, [float(v)], True)]
     s = series(v)
     if s is not None:
-        return [(k, s)]
+        return [(k, s, False)]
     if isinstance(v, list) and v and all(series(x) is not None for x in v):
-        return [(f"{k}[{i}]", series(x)) for i, x in enumerate(v)] if len(v) <= 4 else \
-            [(f"{k} (mean of {len(v)})", elementwise_mean([series(x) for x in v]))]
+        return [(f"{k}[{i}]", series(x), False) for i, x in enumerate(v)] if len(v) <= 4 else \
+            [(f"{k} (mean of {len(v)})", elementwise_mean([series(x) for x in v]), False)]
     if isinstance(v, dict):
-        return [pair for kk, vv in v.items() for pair in flatten(f"{k}.{kk}", vv)]
+        return [entry for kk, vv in v.items() for entry in _flatten(f"{k}.{kk}", vv)]
     if is_sweep(v) or not _per_task_dicts(v):
         return []
     keys = sorted({kk for x in v if isinstance(x, dict) for kk, vv in x.items() if is_number(vv)})
-    return [(f"{k}.{kk}", [float(x[kk]) if isinstance(x, dict) and is_number(x.get(kk)) else None for x in v])
+    return [(f"{k}.{kk}", [float(x[kk]) if isinstance(x, dict) and is_number(x.get(kk)) else None for x in v], False)
             for kk in keys]
 
 
 def diagnostic_means(records: list[RunRecord], regimes) -> list[DiagnosticMeans]:
     """Mean of each numeric diagnostic per (dataset, regime), elementwise over ok runs; names sorted."""
+    return [m for table in diagnostic_tables(records, regimes) for m in table.series]
+
+
+def diagnostic_tables(records: list[RunRecord], regimes) -> list[DiagnosticTable]:
+    """One table per top-level diagnostic key (a dict's entries together): each series' mean per
+    (dataset, regime), elementwise over ok runs; keys sorted, series sorted within a key."""
     acc: dict = {}
     for r in records:
         if r.ok:
-            for name, s in named_series(r.diagnostics):
-                acc.setdefault(name, {}).setdefault((r.dataset, r.spec.regime), []).append(s)
+            for top, name, s, scalar in named_entries(r.diagnostics):
+                slot = acc.setdefault(top, {}).setdefault(name, {"scalar": scalar, "cells": {}})
+                slot["scalar"] = slot["scalar"] and scalar  # a number in one run, a list in another: a series
+                slot["cells"].setdefault((r.dataset, r.spec.regime), []).append(s)
     pos = {r: i for i, r in enumerate(regimes)}
-    return [DiagnosticMeans(name, tuple(SeriesMean(ds, rg, len(lst), elementwise_mean(lst))
-                                        for (ds, rg), lst in sorted(acc[name].items(),
-                                                                    key=lambda kv: (kv[0][0], pos.get(kv[0][1], 99)))))
-            for name in sorted(acc)]
+
+    def means(name: str, cells: dict) -> DiagnosticMeans:
+        ordered = sorted(cells.items(), key=lambda kv: (kv[0][0], pos.get(kv[0][1], 99)))
+        return DiagnosticMeans(name, tuple(SeriesMean(ds, rg, len(lst), elementwise_mean(lst))
+                                           for (ds, rg), lst in ordered))
+
+    return [DiagnosticTable(top, tuple(means(n, acc[top][n]["cells"]) for n in sorted(acc[top])),
+                            frozenset(n for n in acc[top] if acc[top][n]["scalar"])) for top in sorted(acc)]
 
 
 def elementwise_mean(lists: list[list]) -> list:

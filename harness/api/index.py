@@ -125,6 +125,11 @@ def method_infos(extra_files=()) -> list[dict]:
     return _without_duplicates(groups)
 
 
+def builtin_infos() -> list[dict]:
+    """Metadata of the built-in methods only (the shipped index; no method file or entry point is imported)."""
+    return _builtin_metas(builtin_fingerprint())
+
+
 def _method_files(extra_files) -> list[Path]:
     """Submission files then explicit files, each file once (as registry.discover)."""
     seen, out = set(), []

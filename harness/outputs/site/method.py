@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from pathlib import Path, PurePath
 
-from ...analysis.diagnostics import Sweep, diagnostic_means, sweeps
+from ...analysis.diagnostics import DiagnosticTable, Sweep, diagnostic_tables, sweeps
 from ...analysis.result import AnalysisResult
 from .. import charts
 from ..charts import records_of
@@ -16,22 +16,25 @@ RUN_COLUMNS = ["run_id", "dataset", "scenario", "regime", "order", "seed", "stat
                "forgetting", "optimizer_steps", "memory_samples", "memory_bytes", "n_warnings", "warning_codes"]
 
 
+# What a method's code is, as its page says it (provenance["method"]["kind"] -> label).
+KIND_LABELS = {"built-in": "built-in", "file": "submitted file", "entry point": "entry point"}
+
+
 def page(w: SiteWriter, t: AnalysisResult, records, m: str, infos: dict) -> Path:
     """Render method-<slug>.html for method m (its display name); returns its path."""
     mine = [r for r in records if r.method == m]
     hparams = sorted({json.dumps(r.spec.hparams, sort_keys=True, default=str) for r in mine})
-    subs = sorted({json.dumps(r.submission, sort_keys=True) for r in mine if r.submission})
     mt = t.methods[t.methods["method"] == m]
     names = sorted({r.spec.method for r in mine})
-    captions = {k: v for n in names for k, v in (infos.get(n, {}).get("captions") or {}).items()}
-    about = [{"name": n, "description": str(infos[n].get("description") or ""),
-              "reference": str(infos[n].get("reference") or "")} for n in names if n in infos]
+    about = implementations(mine, infos)
+    captions = {k: v for a in about for k, v in a["captions"].items()}
+    types = {k: v for a in about for k, v in a["types"].items()}
     regimes = w.base["regimes"]
-    diagnostics = [{"name": d.name, "rows": d.rows, "width": d.width, "caption": caption(d.name, captions)}
-                   for d in diagnostic_means(mine, regimes)]
+    n_tasks = max((r.spec.dataset.n_tasks for r in mine), default=0)
     ctx = {"title": m, "method": m, "names": names, "about": about,
-           "hparams": [json.loads(h) for h in hparams], "submissions": [json.loads(s) for s in subs],
-           "rows": records_of(mt), "diagnostics": diagnostics,
+           "hparams": [hparam_rows(json.loads(h), types) for h in hparams],
+           "rows": records_of(mt),
+           "diagnostics": [diagnostic_view(d, captions, n_tasks) for d in diagnostic_tables(mine, regimes)],
            # class-IL rows: class-IL ACC, task-aware ACC and forgetting side by side; memory where declared
            "task_aware": bool(mt["acc_task_aware"].notna().any()),
            "memory": bool(mt[["memory_samples", "memory_bytes"]].notna().any().any()),
@@ -42,13 +45,90 @@ def page(w: SiteWriter, t: AnalysisResult, records, m: str, infos: dict) -> Path
     return w.page("method.html", f"method-{slug(m)}.html", **ctx)
 
 
+def implementations(records, infos: dict) -> list[dict]:
+    """What the method's code is, once per (registry name, implementation) among its records.
+
+    Read from each record's provenance["method"] (written at run time: nothing is imported, so a board
+    of another lab's records runs none of its code). An older record without it falls back to the
+    built-in index (`infos`) for a built-in, and to what its provenance says for a file.
+    """
+    found: dict = {}
+    for r in records:
+        prov = r.provenance if isinstance(r.provenance, dict) else {}
+        entry = prov.get("method") if isinstance(prov.get("method"), dict) else {}
+        key = (r.spec.method, r.spec.method_version or str(entry.get("implementation", "")))
+        if key not in found or ("description" in entry and not found[key]["recorded"]):
+            found[key] = about(r.spec.method, entry, prov.get("submission"), infos)
+    return [found[k] for k in sorted(found)]
+
+
+def about(name: str, entry: dict, submission, infos: dict) -> dict:
+    """One implementation of a method as its page shows it (everything read back as text: untrusted)."""
+    implementation = _text(entry.get("implementation"))
+    kind = entry.get("kind") if entry.get("kind") in KIND_LABELS else _kind(entry.get("source"), implementation)
+    recorded = "description" in entry
+    meta = entry if recorded else (infos.get(name, {}) if kind == "built-in" else {})
+    submission = submission if isinstance(submission, dict) else {}
+    source = _text(submission.get("file") or (entry.get("source") if kind == "file" else ""))
+    captions = meta.get("captions") if isinstance(meta.get("captions"), dict) else {}
+    hparams = entry.get("hparams") if isinstance(entry.get("hparams"), dict) else {}
+    return {"name": name, "kind": kind, "label": KIND_LABELS[kind], "implementation": implementation,
+            "sha256": _text(entry.get("sha256") or submission.get("sha256")),
+            "file": PurePath(source).name if source else "",  # the name only: the path is the runner's machine
+            "submitted": bool(submission), "recorded": recorded,
+            "description": _text(meta.get("description")), "reference": _text(meta.get("reference")),
+            "captions": {_text(k): _text(v) for k, v in captions.items()},
+            "types": {_text(k): " | ".join(map(_text, v.get("type") or [])) for k, v in hparams.items()
+                      if isinstance(v, dict) and isinstance(v.get("type"), list)}}
+
+
+def _kind(source, implementation: str) -> str:
+    """An older record's kind: from its provenance source, else from its implementation (a hash: a file)."""
+    if source == "built-in":
+        return "built-in"
+    if isinstance(source, str) and source:
+        return "entry point" if source.startswith("entry point ") else "file"
+    return "file" if implementation.startswith("sha256:") else "built-in"
+
+
+def _text(value, limit: int = 2000) -> str:
+    """A read-back value as bounded text (escaped by the template, never marked safe)."""
+    text = "" if value is None else str(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def hparam_rows(values: dict, types: dict) -> list[dict]:
+    """One hyperparameter set as rows: name, value, type (as recorded; "" where the records do not say)."""
+    return [{"name": k, "value": v, "type": types.get(k, "")} for k, v in values.items()]
+
+
+def diagnostic_view(d: DiagnosticTable, captions: dict, n_tasks: int) -> dict:
+    """One diagnostic key as one table: a row per (series, dataset, regime); a scalar in the `value`
+    column, a per-task series under t1..tT (positions 1..W where it is longer than the runs' tasks)."""
+    width = d.width
+    labels = [f"t{i + 1}" if width <= n_tasks else str(i + 1) for i in range(width)]
+    rows = []
+    for series in d.series:
+        scalar = series.name in d.scalars
+        sub = series.name[len(d.key):].lstrip(".")
+        for r in series.rows:
+            values = [] if scalar else list(r.values) + [None] * (width - len(r.values))
+            rows.append({"label": sub, "caption": captions.get(series.name, "") if sub else "",
+                         "dataset": r.dataset, "regime": r.regime, "n": r.n,
+                         "value": r.values[0] if scalar else None, "values": values,
+                         "spark": [] if scalar else list(r.values)})
+    return {"name": d.key, "caption": caption(d.key, captions), "rows": rows, "labels": labels,
+            "has_value": bool(d.scalars), "has_label": any(row["label"] for row in rows)}
+
+
 def method_infos() -> dict[str, dict]:
-    """Adapter metadata by registry name (api.index: no torch import when cached); {} if unavailable."""
-    from ...api.index import method_infos as infos
+    """Built-in adapters' metadata by registry name (the shipped index: no method file is imported); {} if
+    unavailable. For records made before provenance["method"] carried it."""
+    from ...api.index import builtin_infos
 
     try:
-        return {m["name"]: m for m in infos()}
-    except Exception:  # a broken submission must not stop the site: descriptions are decoration
+        return {m["name"]: m for m in builtin_infos()}
+    except Exception:  # descriptions are decoration: a broken index must not stop the site
         return {}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...analysis.diagnostics import named_series, series, sweeps
+from ...analysis.diagnostics import named_entries, series, sweeps
 from ...config.metrics import anytime_of_record
 from ...config.numbers import is_number
 from ...config.specs import RunRecord
@@ -27,7 +27,7 @@ def page(w: SiteWriter, rec: RunRecord, dataset: str | None = None) -> Path:
            "matrices": _matrices(rec), "metric_rows": _metric_rows(rec), "anytime": _curves(rec, w.base["scale"]),
            "anytime_rows": _anytime_rows(rec),
            "norm_rows": _norm_rows(norms), "shared": series(norms.get("shared")) or [],
-           "diagnostics": named_series(rec.diagnostics),
+           "diagnostics": _diagnostics(rec),
            "sweeps": sweep_panels(sweeps([rec], w.base["regimes"]), w.base["scale"]),
            "timings": _timings(rec.timings or {}), "provenance": _provenance(rec.provenance or {}),
            "warnings": _warning_rows(rec.warnings), "budget": _budget_rows(rec.budget or {})}
@@ -102,10 +102,30 @@ def _timings(timings: dict) -> list[tuple[str, str]]:
     return out
 
 
+def _diagnostics(rec: RunRecord) -> dict:
+    """The run's numeric diagnostics as one aligned table: a number in `value`, a per-task list under
+    t1..tT (positions 1..W where longer than the run's tasks)."""
+    entries = named_entries(rec.diagnostics)
+    width = max((len(s) for _, _, s, scalar in entries if not scalar), default=0)
+    tasks = rec.spec.dataset.n_tasks
+    rows = [{"name": name, "value": s[0] if scalar else None,
+             "values": [] if scalar else s + [None] * (width - len(s)), "spark": [] if scalar else s}
+            for _, name, s, scalar in entries]
+    return {"rows": rows, "has_value": any(scalar for *_, scalar in entries),
+            "labels": [f"t{i + 1}" if width <= tasks else str(i + 1) for i in range(width)]}
+
+
+# Shown on the method page; the run page keeps the identity of the code that ran.
+METHOD_SUMMARY = ("kind", "name", "implementation", "sha256", "source")
+
+
 def _provenance(prov: dict) -> list[dict]:
-    """Provenance rows: text, a flat mapping as inline pairs, anything nested as a JSON box."""
+    """Provenance rows: text, a flat mapping as inline pairs, anything nested as a JSON box; the method
+    by its identity (its description, captions and hyperparameters are on the method page)."""
     rows = []
     for k, v in prov.items():
+        if k == "method" and isinstance(v, dict):
+            v = {kk: v[kk] for kk in METHOD_SUMMARY if kk in v}
         if isinstance(v, dict) and all(not isinstance(x, (dict, list)) for x in v.values()):
             rows.append({"key": k, "pairs": [(kk, "" if vv is None else str(vv)) for kk, vv in v.items()]})
         elif isinstance(v, (dict, list)):
