@@ -190,16 +190,27 @@ def test_older_records_fall_back_to_what_is_known(board, tmp_path):
     mine, naive = board["records"]["mine"], board["records"]["naive"]
     old_mine = replace(mine, provenance={**mine.provenance, "method": {
         "implementation": mine.spec.method_version, "source": "/lab/mine.py"},
-        "submission": {"file": "subs/mine.py", "sha256": "ab" * 32}})
+        "submission": {"file": "subs/mine.py", "sha256": board["sha256"]}})
     old_naive = replace(naive, provenance={**naive.provenance, "method": {"implementation": "v1", "source": "built-in"}})
     build_site([old_mine, old_naive], tmp_path / "site")
     html = _method_page(tmp_path / "site", "mine")
-    assert "submitted file" in html and "ab" * 32 in html and "<code>mine.py</code>" in html
+    assert "submitted file" in html and board["sha256"] in html and "<code>mine.py</code>" in html
     assert "Penalty" not in html and "recorded before records carried" in html
     from harness.api.registry import get_registry
 
     shown = _method_page(tmp_path / "site", "naive")
     assert "built-in" in shown and get_registry()["naive"].description in shown
+
+
+def test_a_page_believes_the_run_id_not_the_provenance(board, tmp_path):
+    """Another lab's record calling its file a built-in, or naming another file's hash, is not shown so."""
+    mine = board["records"]["mine"]
+    liar = replace(mine, provenance={**mine.provenance, "method": {
+        **mine.provenance["method"], "kind": "built-in", "sha256": "ab" * 32}})
+    build_site([liar], tmp_path / "site")
+    html = _method_page(tmp_path / "site", "mine")
+    assert "submitted file" in html and '<span class="kind kind-built-in">' not in html and "ab" * 32 not in html
+    assert f"implementation <code>{mine.spec.method_version}</code>" in html
 
 
 def _rewrite(path: Path, **method) -> Path:
@@ -216,6 +227,9 @@ def _rewrite(path: Path, **method) -> Path:
     ({"kind": "trusted"}, "provenance.method.kind"),
     ({"captions": {"k": ["not", "text"]}}, "provenance.method.captions"),
     ({"hparams": {"lr": {"value": 1, "type": "float"}}}, "provenance.method.hparams"),
+    ({"kind": "built-in"}, "says built-in but names a source file or sha256"),
+    ({"sha256": "0" * 64}, "sha256 is not the code its implementation names"),
+    ({"sha256": "<b>" * 20}, "sha256 is not 64 lowercase hex digits"),
 ])
 def test_the_store_refuses_unbounded_or_ill_typed_method_metadata(board, bad, says):
     path = board["results"] / "tiny" / "runs" / f"{board['records']['mine'].run_id}.json"
@@ -241,3 +255,18 @@ def test_diagnostic_tables_average_each_entry_over_ok_runs():
     assert table.key == "s" and table.scalars == frozenset({"s.y"}) and table.width == 2
     means = {d.name: d.rows[0] for d in table.series}
     assert means["s.x"].values == [2.0, 4.0] and means["s.y"].values == [3.0] and means["s.x"].n == 2
+
+
+def test_an_entry_points_metadata_names_the_file_defining_it():
+    from harness.api.contract import MethodAdapter
+    from harness.run.provenance import method_provenance
+
+    def build(ctx, lr=0.1):
+        return None
+
+    adapter = MethodAdapter("ep", {"lr": 0.1}, build, "from a package", source="entry point ep (pkg:ADAPTER)",
+                            implementation="sha256:0123456789abcdef")
+    entry = method_provenance(adapter, {"lr": 0.2}, adapter.source)
+    assert entry["kind"] == "entry point" and entry["hparams"] == {"lr": {"value": 0.2, "type": ["float"]}}
+    assert entry["sha256"] == hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    assert entry["description"] == "from a package" and entry["captions"] == {}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import platform
+import re
 import socket
 import subprocess
 from functools import lru_cache
@@ -126,6 +127,11 @@ def method_problem(entry: dict) -> str | None:
             return f"its provenance.method.{key} is not a string of at most {limit} characters"
     if "kind" in entry and entry["kind"] not in METHOD_KINDS:
         return f"its provenance.method.kind is not one of {', '.join(METHOD_KINDS)}"
+    if "sha256" in entry and not _HEX64.fullmatch(entry["sha256"]):
+        return "its provenance.method.sha256 is not 64 lowercase hex digits"
+    found = _identity_problem(entry)
+    if found:
+        return found
     captions = entry.get("captions", {})
     if not (isinstance(captions, dict) and len(captions) <= MAX_CAPTIONS and all(
             isinstance(k, str) and len(k) <= 200 and isinstance(v, str) and len(v) <= CAPTION_LIMIT
@@ -137,4 +143,18 @@ def method_problem(entry: dict) -> str | None:
             and all(t in _JSON_KIND.values() or t == "any" for t in v["type"]) for k, v in hparams.items())):
         return (f"its provenance.method.hparams are not at most {MAX_HPARAMS} {{value, type}} entries "
                 f"(type: a list of {', '.join(_JSON_KIND.values())})")
+    return None
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _identity_problem(entry: dict) -> str | None:
+    """A method entry that contradicts itself: a built-in with a code hash, a hash its implementation does
+    not start with (what a board's "built-in" / "submitted file" label and sha256 rest on)."""
+    implementation, digest = entry.get("implementation", ""), entry.get("sha256")
+    if entry.get("kind") == "built-in" and (digest or entry.get("source", "built-in") != "built-in"):
+        return "its provenance.method says built-in but names a source file or sha256"
+    if digest and implementation.startswith("sha256:") and not digest.startswith(implementation[7:].split("+")[0]):
+        return "its provenance.method.sha256 is not the code its implementation names"
     return None

@@ -57,6 +57,8 @@ def implementations(records, infos: dict) -> list[dict]:
         prov = r.provenance if isinstance(r.provenance, dict) else {}
         entry = prov.get("method") if isinstance(prov.get("method"), dict) else {}
         key = (r.spec.method, r.spec.method_version or str(entry.get("implementation", "")))
+        if r.spec.method_version:  # the run id's identity of the code, not the provenance's word for it
+            entry = {**entry, "implementation": r.spec.method_version}
         if key not in found or ("description" in entry and not found[key]["recorded"]):
             found[key] = about(r.spec.method, entry, prov.get("submission"), infos)
     return [found[k] for k in sorted(found)]
@@ -66,6 +68,8 @@ def about(name: str, entry: dict, submission, infos: dict) -> dict:
     """One implementation of a method as its page shows it (everything read back as text: untrusted)."""
     implementation = _text(entry.get("implementation"))
     kind = entry.get("kind") if entry.get("kind") in KIND_LABELS else _kind(entry.get("source"), implementation)
+    if kind == "built-in" and implementation.startswith("sha256:"):  # a built-in is a version, never a hash
+        kind = "file"
     recorded = "description" in entry
     meta = entry if recorded else (infos.get(name, {}) if kind == "built-in" else {})
     submission = submission if isinstance(submission, dict) else {}
@@ -73,7 +77,7 @@ def about(name: str, entry: dict, submission, infos: dict) -> dict:
     captions = meta.get("captions") if isinstance(meta.get("captions"), dict) else {}
     hparams = entry.get("hparams") if isinstance(entry.get("hparams"), dict) else {}
     return {"name": name, "kind": kind, "label": KIND_LABELS[kind], "implementation": implementation,
-            "sha256": _text(entry.get("sha256") or submission.get("sha256")),
+            "sha256": _digest(entry.get("sha256") or submission.get("sha256"), implementation),
             "file": PurePath(source).name if source else "",  # the name only: the path is the runner's machine
             "submitted": bool(submission), "recorded": recorded,
             "description": _text(meta.get("description")), "reference": _text(meta.get("reference")),
@@ -89,6 +93,13 @@ def _kind(source, implementation: str) -> str:
     if isinstance(source, str) and source:
         return "entry point" if source.startswith("entry point ") else "file"
     return "file" if implementation.startswith("sha256:") else "built-in"
+
+
+def _digest(value, implementation: str) -> str:
+    """A code sha256 the record states, shown only where it is the code its implementation names."""
+    text = _text(value, 64)
+    named = implementation[7:].split("+")[0] if implementation.startswith("sha256:") else ""
+    return text if text and (not named or text.startswith(named)) else ""
 
 
 def _text(value, limit: int = 2000) -> str:
