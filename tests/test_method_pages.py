@@ -227,6 +227,8 @@ def _rewrite(path: Path, **method) -> Path:
     ({"kind": "trusted"}, "provenance.method.kind"),
     ({"captions": {"k": ["not", "text"]}}, "provenance.method.captions"),
     ({"hparams": {"lr": {"value": 1, "type": "float"}}}, "provenance.method.hparams"),
+    ({"hparams": {"lr": {"value": "x" * 20_000, "type": ["str"]}}}, "provenance.method.hparams"),
+    ({"hparams": {"lr": {"value": 1, "type": ["int"] * 9}}}, "provenance.method.hparams"),
     ({"kind": "built-in"}, "says built-in but names a source file or sha256"),
     ({"sha256": "0" * 64}, "sha256 is not the code its implementation names"),
     ({"sha256": "<b>" * 20}, "sha256 is not 64 lowercase hex digits"),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import platform
 import re
 import socket
@@ -91,7 +92,7 @@ def hparam_type(adapter, key: str) -> list[str]:
     """The JSON kinds hyperparameter `key` takes (its HPARAM_TYPES, else its default's type); [] any."""
     declared = tuple(adapter.hparam_types.get(key, ()))
     if declared:
-        return [_JSON_KIND.get(k, "any") for k in declared]
+        return [_JSON_KIND[k] for k in declared if k in _JSON_KIND]  # the registry allows only these
     default = adapter.defaults.get(key)
     found = next((k for k in (bool, int, float, str, list, dict) if isinstance(default, k)), None)
     return [_JSON_KIND[found]] if found is not None else []
@@ -139,11 +140,25 @@ def method_problem(entry: dict) -> str | None:
         return f"its provenance.method.captions are not at most {MAX_CAPTIONS} short strings by key"
     hparams = entry.get("hparams", {})
     if not (isinstance(hparams, dict) and len(hparams) <= MAX_HPARAMS and all(
-            isinstance(k, str) and isinstance(v, dict) and set(v) == {"value", "type"} and isinstance(v["type"], list)
-            and all(t in _JSON_KIND.values() or t == "any" for t in v["type"]) for k, v in hparams.items())):
+            isinstance(k, str) and len(k) <= 200 and _hparam_entry(v) for k, v in hparams.items())):
         return (f"its provenance.method.hparams are not at most {MAX_HPARAMS} {{value, type}} entries "
-                f"(type: a list of {', '.join(_JSON_KIND.values())})")
+                f"(type: a list of {', '.join(_JSON_KIND.values())}; a value of at most {HPARAM_VALUE_LIMIT} "
+                "characters as JSON)")
     return None
+
+
+HPARAM_VALUE_LIMIT = 10_000  # a value's JSON; the run's own values are in its spec, this copy is for the page
+
+
+def _hparam_entry(v) -> bool:
+    """{"value": a JSON value of bounded size, "type": a short list of JSON kind names}."""
+    if not (isinstance(v, dict) and set(v) == {"value", "type"} and isinstance(v["type"], list)
+            and len(v["type"]) <= len(_JSON_KIND) and all(t in _JSON_KIND.values() for t in v["type"])):
+        return False
+    try:
+        return len(json.dumps(v["value"])) <= HPARAM_VALUE_LIMIT
+    except (TypeError, ValueError):
+        return False
 
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
