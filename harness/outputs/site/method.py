@@ -82,7 +82,7 @@ def about(name: str, entry: dict, submission, infos: dict) -> dict:
             "submitted": bool(submission), "recorded": recorded,
             "description": _text(meta.get("description")), "reference": _text(meta.get("reference")),
             "captions": {_text(k): _text(v) for k, v in captions.items()},
-            "types": {_text(k): " | ".join(map(_text, v.get("type") or [])) for k, v in hparams.items()
+            "types": {_text(k): " | ".join(map(_text, v["type"])) or "any" for k, v in hparams.items()
                       if isinstance(v, dict) and isinstance(v.get("type"), list)}}
 
 
