@@ -272,3 +272,17 @@ def test_an_entry_points_metadata_names_the_file_defining_it():
     assert entry["kind"] == "entry point" and entry["hparams"] == {"lr": {"value": 0.2, "type": ["float"]}}
     assert entry["sha256"] == hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
     assert entry["description"] == "from a package" and entry["captions"] == {}
+
+
+def test_each_kind_has_its_label_and_a_list_of_lists_is_one_table():
+    from harness.outputs.site.method import about, diagnostic_view
+
+    assert about("ep", {"kind": "entry point", "implementation": "v2", "description": "d"}, None, {})["label"] == \
+        "entry point"
+    assert about("f", {"implementation": "sha256:" + "0" * 16, "source": "/x/f.py"}, None, {})["label"] == \
+        "submitted file"
+    runs = [record_from({"diagnostics": {"norms": [[1.0, 2.0], [3.0, 4.0]]}})]
+    (table,) = diagnostic_tables(runs, ["last-1"])
+    view = diagnostic_view(table, {}, n_tasks=2)
+    assert view["labels"] == ["t1", "t2"] and not view["has_value"]
+    assert [(r["label"], r["values"]) for r in view["rows"]] == [("[0]", [1.0, 2.0]), ("[1]", [3.0, 4.0])]

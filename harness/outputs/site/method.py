@@ -121,7 +121,7 @@ def diagnostic_view(d: DiagnosticTable, captions: dict, n_tasks: int) -> dict:
     rows = []
     for series in d.series:
         scalar = series.name in d.scalars
-        sub = series.name[len(d.key):].lstrip(".")
+        sub = series.name[len(d.key):].lstrip(". ")
         for r in series.rows:
             values = [] if scalar else list(r.values) + [None] * (width - len(r.values))
             rows.append({"label": sub, "caption": captions.get(series.name, "") if sub else "",
