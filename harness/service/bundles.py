@@ -174,14 +174,16 @@ def _keyed(records: list, sources: dict, log) -> list:
 
 def merged_leaderboard(req: LeaderboardRequest, log=print) -> tuple:
     """One site per protocol of the merged records; index.html paths."""
-    from ..config.paths import SITE
+    from ..config.errors import OutputError
+    from ..config.paths import SITE, record_area_problem
     from ..execution.store import protocol_dir
     from ..execution.views import view_records
     from ..outputs.site import build_site
-    from .records import refuse_record_area
 
-    if req.out:
-        refuse_record_area(req.results, req.out, "--out", site=True)
+    problem = record_area_problem(req.results, req.out, site=True) if req.out else None
+    if problem:  # as records.refuse_record_area says it (that module calls this one: no import back)
+        raise OutputError(f"--out: {req.out} {problem}, which every later command reads its records from; "
+                          f"allowed: a path outside {req.results}, or the default")
     records, sources = merged_records(req, log)
     names = sorted({r.spec.protocol for r in records})
     if not names:
