@@ -293,3 +293,16 @@ def test_read_bundle_refuses_a_non_zip(tmp_path):
     p.write_bytes(b"not a zip")
     with pytest.raises(BundleError, match="not a readable zip"):
         read_bundle(p)
+
+
+def test_pull_request_comment_escapes_and_compares_with_the_board(labs, tmp_path):
+    out = tmp_path / "comment.md"
+    assert main(["verify", str(labs["a"]), "--sample", "0", "-o", str(tmp_path / "v.json"), "--markdown", str(out),
+                 "--board", str(labs["a"].parent)]) == 0
+    text = out.read_text()
+    assert "Lab \\<A\\> \\& Co" in text and "<A>" not in text
+    # naive's cell: the mean over lab A's records of the last row's mean of each accuracy matrix (ACC)
+    runs = [json.loads(p.read_text()) for p in (labs["root"] / "lab-a" / "tiny-labs" / "runs").glob("*.json")]
+    acc = np.mean([np.mean(r["acc_matrix"][-1]) for r in runs])
+    assert f"| digits | task-il | head | naive | 2 | {100 * acc:.2f} | — | 0 |" in text.replace("task\\-il", "task-il")
+    assert "Board: 1 bundle(s)" in text  # b.zip (a.zip itself is left out)

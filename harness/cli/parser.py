@@ -351,6 +351,7 @@ VERIFY_EXAMPLES = """examples:
   cl-bench verify lab-a.zip                    # checks + 1 sampled rerun; verdict in lab-a.zip.verification.json
   cl-bench verify lab-a.zip --sample 0         # checks only: runs no bundled code (self-reported)
   cl-bench verify lab-a.zip --sample 3 --data-dir ~/data -o verdict.json
+  cl-bench verify new.zip --markdown comment.md --board bundles/   # the CI comment: cells beside the board's
 exit code: 0 verified or self-reported, 1 a rerun differs, 2 a damaged, unsafe or inconsistent bundle (refused)
 """
 
@@ -391,3 +392,8 @@ def _add_verify(sub, fmt) -> None:
     ver.add_argument("--data-dir", help=f"folder holding torchvision data sets (default: ${DATA_ENV}, else ./data)")
     ver.add_argument("-o", "--out", metavar="FILE",
                      help="the verdict JSON (default: FILE.verification.json next to the bundle)")
+    ver.add_argument("--markdown", metavar="FILE",
+                     help="also write a Markdown comment (verdict, and per cell this bundle's ACC beside the board's; "
+                          "every bundle string escaped) for a results repository's pull request")
+    ver.add_argument("--board", metavar="DIR",
+                     help="with --markdown: the folder of bundles already on the board (each checked here)")

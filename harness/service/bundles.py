@@ -47,7 +47,34 @@ def verify(req: VerifyRequest, log=print):
         raise SweepError(f"--sample: {req.sample}; allowed: an integer >= 0")
     result = run_verify(req.file, req.sample, req.data_dir, log=log)
     write_atomic(verdict_path(req.file, req.out), result.to_json())
+    if req.markdown:
+        write_atomic(Path(req.markdown), verify_comment(req, result))
     return result
+
+
+def verify_comment(req: VerifyRequest, result) -> str:
+    """The Markdown comment of a verdict: the bundle's cells beside those of the bundles under req.board (each
+    checked here; the bundle itself and refused ones left out)."""
+    from ..execution.bundle import BundleError, check_bundle, read_bundle
+    from ..outputs.bundle_comment import cell_means, comment
+
+    mine = check_bundle(read_bundle(req.file)).records
+    board, used, refused = [], 0, 0
+    folder = Path(req.board) if req.board else None
+    for path in sorted(folder.iterdir()) if folder and folder.is_dir() else []:
+        if path.suffix != ".zip" or path.resolve() == Path(req.file).resolve():
+            continue
+        try:
+            checked = check_bundle(read_bundle(path))
+        except BundleError:
+            refused += 1
+            continue
+        if (checked.bundle.protocol, checked.bundle.version) == (result.protocol, result.version):
+            board += [r for r in checked.records if r.run_id not in {m.run_id for m in mine}]
+            used += 1
+    note = (f"Board: {used} bundle(s) of this protocol version under the repository's bundles folder"
+            + (f"; {refused} refused by the checks" if refused else "") + ".") if folder else ""
+    return comment(result, mine, cell_means(board), note)
 
 
 def identity(record) -> tuple:

@@ -160,3 +160,5 @@ class VerifyRequest:
     sample: int = 1
     data_dir: str | None = None
     out: str | None = None  # the verdict JSON (default: <bundle>.verification.json)
+    markdown: str | None = None  # also write the pull-request comment (verdict + cells beside the board's)
+    board: str | None = None  # the folder of bundles already on the board, for the comment's comparison
