@@ -306,3 +306,28 @@ def test_pull_request_comment_escapes_and_compares_with_the_board(labs, tmp_path
     acc = np.mean([np.mean(r["acc_matrix"][-1]) for r in runs])
     assert f"| digits | task-il | head | naive | 2 | {100 * acc:.2f} | — | 0 |" in text.replace("task\\-il", "task-il")
     assert "Board: 1 bundle(s)" in text  # b.zip (a.zip itself is left out)
+
+
+WORKFLOWS = ROOT / "docs" / "results-repository"
+
+
+@pytest.mark.parametrize("name", ["verify.yml", "comment.yml", "board.yml"])
+def test_workflows_never_put_expressions_into_shell_lines(name):
+    import yaml
+
+    text = (WORKFLOWS / name).read_text()
+    flow = yaml.safe_load(text)
+    triggers = flow.get("on", flow.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert "pull_request_target" not in text and "pull_request_target" not in triggers
+    runs = [step["run"] for job in flow["jobs"].values() for step in job["steps"] if "run" in step]
+    assert runs and not [r for r in runs if "${{" in r]
+
+
+def test_the_workflow_that_runs_pull_request_code_has_a_read_only_token():
+    import yaml
+
+    flow = yaml.safe_load((WORKFLOWS / "verify.yml").read_text())
+    assert list(flow.get("on", flow.get(True))) == ["pull_request"] and flow["permissions"] == {"contents": "read"}
+    steps = flow["jobs"]["verify"]["steps"]
+    assert steps[0]["with"]["persist-credentials"] is False
+    assert any("cl-bench verify" in s.get("run", "") and "--markdown" in s.get("run", "") for s in steps)
