@@ -333,3 +333,28 @@ def test_the_workflow_that_runs_pull_request_code_has_a_read_only_token():
     steps = flow["jobs"]["verify"]["steps"]
     assert steps[0]["with"]["persist-credentials"] is False
     assert any("cl-bench verify" in s.get("run", "") and "--markdown" in s.get("run", "") for s in steps)
+
+
+def test_records_of_another_data_fingerprint_never_share_a_cell(labs, tmp_path, capsys):
+    from harness.config.specs import run_id_of
+
+    def other_data(m):
+        out = {}
+        for n, b in m.items():
+            if n.startswith("records/"):
+                data = json.loads(b)
+                data["spec"]["data_fingerprint"] = "sha256:00000000000000ff"
+                data["run_id"] = run_id_of(data["spec"])
+                n, b = f"records/{data['run_id']}.json", json.dumps(data).encode()
+            out[n] = b
+        return out
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    shutil.copy(labs["a"], bundles / "a.zip")
+    forged = _rezip(labs["b"], bundles / "b2.zip", other_data)
+    moved = {r.run_id for r in check_bundle(read_bundle(forged)).records}  # consistent on its own
+    capsys.readouterr()
+    index = _board(dict(labs, bundles_dir=bundles), tmp_path, "site3")
+    out = capsys.readouterr().out
+    assert all(f"record {rid} of Lab B left out: its data fingerprint differs" in out for rid in moved)
+    assert "Lab B" not in index and "Lab &lt;A&gt; &amp; Co" in index
