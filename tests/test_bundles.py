@@ -358,3 +358,28 @@ def test_records_of_another_data_fingerprint_never_share_a_cell(labs, tmp_path, 
     out = capsys.readouterr().out
     assert all(f"record {rid} of Lab B left out: its data fingerprint differs" in out for rid in moved)
     assert "Lab B" not in index and "Lab &lt;A&gt; &amp; Co" in index
+
+
+def test_bundling_by_name_takes_the_results_folders_protocol_copy_and_is_deterministic(labs, tmp_path):
+    lab = tmp_path / "lab-a"
+    shutil.copytree(labs["root"] / "lab-a", lab)
+    text = PROTOCOL.encode()
+    (lab / "tiny-labs" / "protocol-files").mkdir()
+    (lab / "tiny-labs" / "protocol-files" / f"{sha256_hex(text)[:16]}.yaml").write_bytes(text)
+    out = tmp_path / "again.zip"
+    assert main(["bundle", "--results", str(lab), "--protocol", "tiny-labs", "-o", str(out),
+                 "--contributor", "Lab <A> & Co"]) == 0
+    assert sha256_hex(out.read_bytes()) == sha256_hex(labs["a"].read_bytes())  # same members, same bytes
+
+
+def test_data_not_available_makes_a_bundle_self_reported(labs, tmp_path, monkeypatch):
+    import harness.execution.reproduce as reproduce
+    from harness.config.errors import DatasetMissing
+
+    def missing(*args, **kwargs):
+        raise DatasetMissing("digits: not found under ./data")
+    monkeypatch.setattr(reproduce, "reproduce", missing)
+    out = tmp_path / "v.json"
+    assert main(["verify", str(labs["a"]), "--sample", "1", "-o", str(out)]) == 0
+    verdict = json.loads(out.read_text())
+    assert verdict["status"] == SELF_REPORTED and verdict["reason"].startswith("data not available here")
