@@ -151,6 +151,9 @@ def test_merged_board_shows_both_contributors_and_statuses(labs, tmp_path, capsy
     assert "Contributed by <b>Lab B</b>" in run_page and "rerun differs" in run_page and "cpu" in run_page
     dataset_page = (tmp_path / "site" / f"dataset-{slug('digits')}.html").read_text()
     assert "Lab B" in dataset_page and "Lab &lt;A&gt; &amp; Co" in dataset_page
+    # each grid cell names its contributor, coloured by its verification status
+    assert '<span class="bad" title="rerun differs">Lab B</span>' in dataset_page
+    assert '<span class="ok" title="verified">Lab &lt;A&gt; &amp; Co</span>' in dataset_page
 
 
 def test_board_takes_no_verdict_made_for_another_bundle(labs, tmp_path):

@@ -32,3 +32,12 @@ def of_run(sources: dict, run_id: str) -> dict | None:
         return None
     return {"contributor": src.contributor, "status": src.status, "status_class": STATUS_CLASS.get(src.status, ""),
             "reason": src.reason, "hardware": src.hardware, "bundle": src.bundle}
+
+
+def by_cell(rows: list[dict]) -> dict:
+    """{(method, regime): [{contributor, status, status_class}]} of a data set page's contributor rows."""
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r["method"], r["regime"]), []).append(
+            {k: r[k] for k in ("contributor", "status", "status_class")})
+    return out

@@ -41,7 +41,8 @@ def page(w: SiteWriter, t: AnalysisResult, ds: str, records=()) -> Path:
     ctx = {"title": ds, "dataset": ds, "regs": regs, "anytime": section,
            **_results(w, sel, regs), **_agreement(w, t, sel, ds, regs), **_correlations(w, sel, regs),
            "downloads": {name: w.table(tables[key], f"{slug(ds)}-{key}") for name, key in links},
-           "contributors": contributors.rows(records, w.base["sources"], set(sel.runs["run_id"]))}
+           "contributors": (rows := contributors.rows(records, w.base["sources"], set(sel.runs["run_id"]))),
+           "by_cell": contributors.by_cell(rows)}
     return w.page("dataset.html", f"dataset-{slug(ds)}.html", **ctx)
 
 
