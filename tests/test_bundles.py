@@ -386,3 +386,20 @@ def test_data_not_available_makes_a_bundle_self_reported(labs, tmp_path, monkeyp
     assert main(["verify", str(labs["a"]), "--sample", "1", "-o", str(out)]) == 0
     verdict = json.loads(out.read_text())
     assert verdict["status"] == SELF_REPORTED and verdict["reason"].startswith("data not available here")
+
+
+def test_a_member_whose_header_understates_its_size_is_refused(labs, tmp_path, capsys):
+    name = "records/aaaaaaaaaaaa.json"
+    data = bytearray(_rezip(labs["a"], tmp_path / "lie.zip", lambda m: {**m, name: b"0" * (17 * 2**20)}).read_bytes())
+    at = data.find(name.encode())  # the local header's name; its sizes sit 26..30 bytes before it
+    data[at - 30 + 22: at - 30 + 26] = (100).to_bytes(4, "little")
+    central = data.find(b"PK\x01\x02")
+    while central != -1:  # each central directory entry: uncompressed size at offset 24
+        if data[central + 46: central + 46 + len(name)] == name.encode():
+            data[central + 24: central + 28] = (100).to_bytes(4, "little")
+        central = data.find(b"PK\x01\x02", central + 4)
+    lie = tmp_path / "lie.zip"
+    lie.write_bytes(bytes(data))
+    with zipfile.ZipFile(lie) as zf:
+        assert zf.getinfo(name).file_size == 100  # the header says 100 bytes
+    _refused(lie, capsys, "lie.zip", "not a readable zip")  # the read stops at the declared size: CRC fails
