@@ -2,6 +2,7 @@
 file and an environment lock into a zip with a sha256 manifest (format: bundle.py)."""
 from __future__ import annotations
 
+import io
 import json
 import platform
 import zipfile
@@ -62,6 +63,8 @@ def make_bundle(results, protocol: str, out, contributor: str, method_files=(), 
     """Write the bundle of `protocol`'s valid records under `results` (the protocol file's version) to `out`."""
     from ..config.yamlfile import read_yaml
 
+    if Path(out).suffix != ".zip":
+        raise BundleError(f"-o: {out} does not end in .zip; allowed: a .zip file name")
     if not CONTRIBUTOR.fullmatch(contributor or ""):
         raise BundleError(f"--contributor: {contributor[:40]!r} is not 1-80 printable characters")
     name, raw = protocol_file(results, protocol)
@@ -127,6 +130,7 @@ def environment(records) -> dict:
 
 
 def _distinct(items) -> list:
+    """The items without repeats, in first-seen order (they may be unhashable mappings)."""
     out = []
     for x in items:
         if x not in out:
@@ -144,13 +148,12 @@ def _device() -> str:
 
 
 def _write_zip(out: Path, members: dict, fields: dict) -> Path:
-    """The zip with the manifest (every member's sha256 and size), written atomically."""
+    """The zip with the manifest (every member's sha256 and size), written atomically; fixed member times and
+    order, so the same records, files and environment give the same bytes (and sha256)."""
     from ..config.files import write_atomic
 
     listed = [{"name": n, "sha256": sha256_hex(b), "size": len(b)} for n, b in sorted(members.items())]
     manifest = {"format": FORMAT, **fields, "members": listed}
-    import io
-
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for name in sorted(members):
@@ -158,6 +161,4 @@ def _write_zip(out: Path, members: dict, fields: dict) -> Path:
                         compress_type=zipfile.ZIP_DEFLATED)
         zf.writestr(zipfile.ZipInfo(MANIFEST, date_time=(2020, 1, 1, 0, 0, 0)),
                     json.dumps(manifest, indent=1, sort_keys=True), compress_type=zipfile.ZIP_DEFLATED)
-    if out.suffix != ".zip":
-        raise BundleError(f"-o: {out} does not end in .zip; allowed: a .zip file name")
     return write_atomic(out, buf.getvalue())
