@@ -403,3 +403,17 @@ def test_a_member_whose_header_understates_its_size_is_refused(labs, tmp_path, c
     with zipfile.ZipFile(lie) as zf:
         assert zf.getinfo(name).file_size == 100  # the header says 100 bytes
     _refused(lie, capsys, "lie.zip", "not a readable zip")  # the read stops at the declared size: CRC fails
+
+
+def test_cells_are_keyed_by_the_weights_content_not_their_cache_path(labs):
+    from dataclasses import replace
+
+    from harness.service.bundles import identity
+
+    record = check_bundle(read_bundle(labs["a"])).records[0]
+    prov = dict(record.provenance, pretrained={"source": "imagenet", "key": "k1", "path": "/lab-a/cache/w.pt",
+                                               "sha256": "ab" * 32})
+    here = replace(record, provenance=prov)
+    elsewhere = replace(record, provenance=dict(prov, pretrained={**prov["pretrained"], "path": "/lab-b/w.pt"}))
+    other = replace(record, provenance=dict(prov, pretrained={**prov["pretrained"], "sha256": "cd" * 32}))
+    assert identity(here) == identity(elsewhere) and identity(here) != identity(other)

@@ -81,8 +81,10 @@ def identity(record) -> tuple:
     """What must be equal for two records of one data set to share a board: data fingerprint, backbone weights."""
     s = record.spec
     pretrained = (record.provenance or {}).get("pretrained")
+    # the weights' source, cache key and content hash; not the file's path, which differs from lab to lab
+    weights = {k: pretrained.get(k) for k in ("source", "key", "sha256")} if isinstance(pretrained, dict) else None
     return (s.data_fingerprint, json.dumps(s.pretrain.as_json(), sort_keys=True),
-            json.dumps(pretrained, sort_keys=True, default=str))
+            json.dumps(weights, sort_keys=True, default=str))
 
 
 def local_source(record, contributor: str | None) -> Source:
