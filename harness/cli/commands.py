@@ -9,6 +9,7 @@ import sys
 
 from .. import service
 from ..service.requests import (
+    BundleRequest,
     CheckRequest,
     ExportRequest,
     FiguresRequest,
@@ -18,6 +19,7 @@ from ..service.requests import (
     ReproduceRequest,
     SubmitRequest,
     SweepRequest,
+    VerifyRequest,
 )
 
 
@@ -112,6 +114,35 @@ def reproduce_command(req: ReproduceRequest) -> int:
     return 0 if rep.reproduced else 1
 
 
+def bundle_command(req: BundleRequest) -> int:
+    """`cl-bench bundle`: write the bundle; one line with its sha256."""
+    from ..config.text import terminal_safe
+
+    packed = service.bundle(req)
+    for line in packed.left_out:
+        print(terminal_safe(f"bundle: left out {line}"))
+    print(terminal_safe(f"bundle: {packed.records} records, {packed.method_files} method file(s) -> {packed.path} "
+                        f"(sha256 {packed.sha256})"))
+    return 0
+
+
+def verify_command(req: VerifyRequest) -> int:
+    """`cl-bench verify FILE`: the verdict (verified, self-reported, rerun differs) and its file; 2 when refused."""
+    from ..config.text import terminal_safe
+    from ..execution.bundle_verify import CODE_NOTE, verdict_path
+
+    result = service.verify(req)
+    for line in result.checks:
+        print(terminal_safe(f"  ok  {line}"))
+    for r in result.reruns:
+        print(terminal_safe(f"  rerun {r.run_id}: {r.verdict} (largest difference {r.max_delta:.3g})"))
+    print(f"note: {CODE_NOTE}" if result.ran_bundled_code else "note: no bundled code ran")
+    print(terminal_safe(f"verify: {result.status}: {result.reason} (contributor {result.contributor!r}, "
+                        f"{result.records} records) -> {verdict_path(req.file, req.out)}"))
+    return result.exit_code
+
+
 COMMANDS = {"run": run_command, "list": list_command, "leaderboard": leaderboard_command,
             "export": export_command, "check": check_command, "submit": submit_command,
-            "reproduce": reproduce_command, "report": report_command, "figures": figures_command}
+            "reproduce": reproduce_command, "report": report_command, "figures": figures_command,
+            "bundle": bundle_command, "verify": verify_command}

@@ -39,6 +39,7 @@ LEADERBOARD_EXAMPLES = """examples:
   cl-bench leaderboard --results results/ --include-flagged   # rank runs with learning-check warnings too
   cl-bench leaderboard --from-mlflow http://mlflow.team:5000 --experiment depth-sweep --out site/
   cl-bench leaderboard --results results/ --rope 0.5          # practical equivalence: within 0.5 ACC points
+  cl-bench leaderboard --results results/ --bundles bundles/ --contributor "Lab A"   # merge other labs' bundles
 """
 REPORT_EXAMPLES = """examples:
   cl-bench report --results results/ --format markdown                  # to stdout
@@ -143,6 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check(sub, fmt)
     _add_submit(sub, fmt)
     _add_reproduce(sub, fmt)
+    _add_bundle(sub, fmt)
+    _add_verify(sub, fmt)
     return parser
 
 
@@ -232,6 +235,12 @@ def _add_leaderboard(sub, fmt) -> None:
                     help="the protocol version to show (default: the newest with records); a board shows one")
     lb.add_argument("--include-flagged", action="store_true", help=INCLUDE_FLAGGED_HELP)
     lb.add_argument("--rope", type=_rope, default=defaults.ROPE, metavar="POINTS", help=ROPE_HELP)
+    lb.add_argument("--bundles", metavar="DIR",
+                    help="also merge the bundles (*.zip) in DIR: each is checked here (manifest, schema, metrics, "
+                         "protocol equal to the local one of its name and version); its verification status comes "
+                         "only from a <bundle>.zip.verification.json beside it made for that very bundle")
+    lb.add_argument("--contributor", metavar="NAME", help="the name the board shows for the local records "
+                                                          "(default: local results)")
 
 
 def _add_export(sub, fmt) -> None:
@@ -332,3 +341,59 @@ def _add_submit(sub, fmt) -> None:
                                      "(its DEFAULTS as hyperparameters); records carry the file's sha256.")
     smt.add_argument("file", metavar="FILE", help="adapter file (.py)")
     add_sweep_flags(smt)
+
+
+BUNDLE_EXAMPLES = """examples:
+  cl-bench bundle --results results/ --protocol depth-sweep-mini -o lab-a.zip --contributor "Lab A"
+  cl-bench bundle --results out/ --protocol my-protocol.yaml -o mine.zip --method my_method.py
+"""
+VERIFY_EXAMPLES = """examples:
+  cl-bench verify lab-a.zip                    # checks + 1 sampled rerun; verdict in lab-a.zip.verification.json
+  cl-bench verify lab-a.zip --sample 0         # checks only: runs no bundled code (self-reported)
+  cl-bench verify lab-a.zip --sample 3 --data-dir ~/data -o verdict.json
+  cl-bench verify new.zip --markdown comment.md --board bundles/   # the CI comment: cells beside the board's
+exit code: 0 verified or self-reported, 1 a rerun differs, 2 a damaged, unsafe or inconsistent bundle (refused)
+"""
+
+
+def _add_bundle(sub, fmt) -> None:
+    bnd = sub.add_parser("bundle", help="pack a protocol's records, method files, protocol file and environment "
+                                        "lock into a zip with a sha256 manifest", epilog=BUNDLE_EXAMPLES,
+                         formatter_class=fmt,
+                         description="Pack the valid records of one protocol version (the protocol file's), the "
+                                     "method files they name, the protocol file and an environment lock (package "
+                                     "versions, devices, platform) into a zip whose manifest.json lists every "
+                                     "member with its sha256 and size (format 1).")
+    bnd.add_argument("--results", default=defaults.RESULTS, help=RESULTS_HELP)
+    bnd.add_argument("--protocol", required=True,
+                     help="protocol name (its copy in <results>/<name>/protocol-files/, else the protocol "
+                          "`cl-bench run --protocol NAME` loads) or a YAML path")
+    bnd.add_argument("-o", "--out", required=True, metavar="FILE", help="the bundle to write (.zip)")
+    bnd.add_argument("--contributor", default="anonymous", metavar="NAME",
+                     help="who made the records (shown on merged boards; default: %(default)s)")
+    bnd.add_argument("--method", dest="method_files", action="append", default=[], metavar="FILE",
+                     help="a method file the records were made with, where the path they name moved (repeatable)")
+
+
+def _add_verify(sub, fmt) -> None:
+    ver = sub.add_parser("verify", help="check a bundle and rerun a sample of its records", epilog=VERIFY_EXAMPLES,
+                         formatter_class=fmt,
+                         description="Check a bundle: manifest (every member hashed, nothing missing or extra), "
+                                     "every record's schema, fingerprints against the bundled protocol, every metric "
+                                     "recomputed from its accuracy matrix. Then rerun K records (a sample drawn from "
+                                     "the bundle's sha256) with `reproduce`: verified when every rerun agrees "
+                                     "(bitwise or within 1e-6), rerun differs otherwise, self-reported without "
+                                     "reruns. WARNING: reruns EXECUTE THE BUNDLED METHOD FILES (the contributor's "
+                                     "Python code; each must hash to the implementation its record names); run "
+                                     "them in a sandbox. The checks and --sample 0 run no bundled code.")
+    ver.add_argument("file", metavar="FILE", help="the bundle (.zip)")
+    ver.add_argument("--sample", type=_non_negative(int), default=1, metavar="K",
+                     help="records to rerun (default %(default)s; 0: checks only, no bundled code runs)")
+    ver.add_argument("--data-dir", help=f"folder holding torchvision data sets (default: ${DATA_ENV}, else ./data)")
+    ver.add_argument("-o", "--out", metavar="FILE",
+                     help="the verdict JSON (default: FILE.verification.json next to the bundle)")
+    ver.add_argument("--markdown", metavar="FILE",
+                     help="also write a Markdown comment (verdict, and per cell this bundle's ACC beside the board's; "
+                          "every bundle string escaped) for a results repository's pull request")
+    ver.add_argument("--board", metavar="DIR",
+                     help="with --markdown: the folder of bundles already on the board (each checked here)")

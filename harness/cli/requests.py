@@ -9,6 +9,7 @@ import argparse
 from dataclasses import fields
 
 from ..service.requests import (
+    BundleRequest,
     CheckRequest,
     ExportRequest,
     FiguresRequest,
@@ -18,11 +19,13 @@ from ..service.requests import (
     ReproduceRequest,
     SubmitRequest,
     SweepRequest,
+    VerifyRequest,
 )
 
 REQUESTS = {"run": SweepRequest, "check": CheckRequest, "list": ListRequest, "leaderboard": LeaderboardRequest,
             "export": ExportRequest, "report": ReportRequest, "figures": FiguresRequest,
-            "reproduce": ReproduceRequest, "submit": SubmitRequest}
+            "reproduce": ReproduceRequest, "submit": SubmitRequest,
+            "bundle": BundleRequest, "verify": VerifyRequest}
 
 
 def filled(request_type, args: argparse.Namespace, **given):

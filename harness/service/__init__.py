@@ -10,6 +10,7 @@ imports no torch: each service imports what it needs when it runs.
 """
 from __future__ import annotations
 
+from .bundles import bundle, verify
 from .catalog import (
     Section,
     check,
@@ -29,6 +30,7 @@ from .records import (
     report,
 )
 from .requests import (
+    BundleRequest,
     CheckRequest,
     ExportRequest,
     FiguresRequest,
@@ -38,11 +40,13 @@ from .requests import (
     ReproduceRequest,
     SubmitRequest,
     SweepRequest,
+    VerifyRequest,
 )
 from .sweeps import SubmitOutcome, SweepOutcome, format_plan, reproduce, run, submit
 
-__all__ = ["run", "submit", "leaderboard", "report", "figures", "export", "check", "reproduce", "list",
-           "SweepRequest", "SubmitRequest", "CheckRequest", "ListRequest", "LeaderboardRequest", "ExportRequest",
-           "ReportRequest", "FiguresRequest", "ReproduceRequest",
+__all__ = ["run", "submit", "leaderboard", "report", "figures", "export", "check", "reproduce", "list", "bundle",
+           "verify", "SweepRequest", "SubmitRequest", "CheckRequest", "ListRequest", "LeaderboardRequest",
+           "ExportRequest",
+           "ReportRequest", "FiguresRequest", "ReproduceRequest", "BundleRequest", "VerifyRequest",
            "SweepOutcome", "SubmitOutcome", "LeaderboardOutcome", "ExportOutcome", "ReportOutcome", "FiguresOutcome",
            "Section", "build_leaderboard", "print_summary", "format_plan", "paper_records"]

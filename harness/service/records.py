@@ -58,6 +58,10 @@ def leaderboard(req: LeaderboardRequest, log: Log = print) -> LeaderboardOutcome
 
     if req.from_mlflow:
         return LeaderboardOutcome((_leaderboard_from_mlflow(req, log),))
+    if req.bundles:  # local records + other labs' bundles, each checked here (service/bundles.py)
+        from .bundles import merged_leaderboard
+
+        return LeaderboardOutcome(merged_leaderboard(req, log))
     names = [req.protocol] if req.protocol else [p.name for p in discover_protocol_dirs(req.results)]
     if not names:
         raise SweepError(f"--results: no records found under {req.results} "

@@ -85,6 +85,8 @@ class LeaderboardRequest:
     include_flagged: bool = False
     rope: float = defaults.ROPE
     force: bool = False  # write the site into a non-empty --out folder that holds no site
+    bundles: str | None = None  # a folder of bundles (.zip) merged with the local records (service/bundles.py)
+    contributor: str | None = None  # how the board names the local records' contributor
 
 
 @dataclass(frozen=True)
@@ -137,3 +139,26 @@ class ReproduceRequest:
     # names), and each must hash to the implementation the record states.
     method_files: tuple = ()  # --method files
     plugin_files: tuple = ()  # --plugin files
+
+
+@dataclass(frozen=True)
+class BundleRequest:
+    """Pack one protocol version's records, method files, protocol file and environment lock into a zip."""
+
+    protocol: str
+    out: str
+    results: str = defaults.RESULTS
+    contributor: str = "anonymous"
+    method_files: tuple = ()  # method files the records name, where their written paths moved
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    """Check a bundle and rerun a deterministic sample of its records."""
+
+    file: str
+    sample: int = 1
+    data_dir: str | None = None
+    out: str | None = None  # the verdict JSON (default: <bundle>.verification.json)
+    markdown: str | None = None  # also write the pull-request comment (verdict + cells beside the board's)
+    board: str | None = None  # the folder of bundles already on the board, for the comment's comparison

@@ -29,14 +29,16 @@ __all__ = ["build_site", "panel_labels", "slug"]  # slug: how a page's file is n
 
 def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | None = None,
                include_flagged: bool = False, rope: float = 1.0, root: Path | None = None,
-               force: bool = False) -> Path:
+               force: bool = False, sources: dict | None = None) -> Path:
     """Render the whole leaderboard for a list of records; returns index.html's path.
 
     root: the folder the user named, out_dir inside it (default out_dir): no part of out_dir
     below it may be a symbolic link. force: write into a non-empty folder holding no site.
     Flagged runs (learning-check warnings) are shown and marked everywhere, and left out of
     the rankings unless include_flagged. rope: region of practical equivalence of the Bayesian
-    comparisons, in ACC points.
+    comparisons, in ACC points. sources: {run_id: where the record came from} on a board merging bundles
+    (anything with contributor, status, reason, hardware, bundle; service/bundles.py Source), shown per cell
+    and per run.
     """
     # the folder is checked (links, someone else's files) before any work; on leaving the block the
     # staged files are renamed into place and files of the previous build this one did not write are pruned
@@ -45,11 +47,12 @@ def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | No
         labels = panel_labels(analysed)
         tables = relabelled(analysed, labels)
         w.curves = has_curves(tables.runs)  # without curves the downloads are what they were before issue 29
-        w.base = base = _base(tables, records, results_dir=results_dir, include_flagged=include_flagged)
+        w.base = base = _base(tables, records, results_dir=results_dir, include_flagged=include_flagged,
+                              sources=sources or {})
         infos = method.method_infos()
         index = overview.page(w, tables, records)
         for ds in base["datasets"]:
-            dataset.page(w, tables, ds)
+            dataset.page(w, tables, ds, records)
         for m in base["methods"]:
             method.page(w, tables, records, m, infos)
         for rec in records:

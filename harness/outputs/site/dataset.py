@@ -15,7 +15,7 @@ from ...config.vocabulary import FAMILY_DESCRIPTIONS, Scenario
 from .. import charts
 from ..charts import records_of
 from ..formatting import best_as_printed, half_width, slug
-from . import anytime, sections
+from . import anytime, contributors, sections
 from .writer import SiteWriter
 
 # (link text, table): every per-dataset download, cut to the page's data set
@@ -30,7 +30,7 @@ DOWNLOADS = (("method x regime", "methods"), ("Kendall tau", "tau"), ("rank reve
              ("scenario vs regime τ", "scenario_tau"), ("runs", "runs"))
 
 
-def page(w: SiteWriter, t: AnalysisResult, ds: str) -> Path:
+def page(w: SiteWriter, t: AnalysisResult, ds: str, records=()) -> Path:
     """Render dataset-<slug>.html for data set ds; returns its path."""
     sel = t.of_dataset(ds)
     regs = [r for r in w.base["regimes"] if r in set(sel.methods["regime"])]
@@ -40,7 +40,9 @@ def page(w: SiteWriter, t: AnalysisResult, ds: str) -> Path:
     links = DOWNLOADS + (anytime.DOWNLOADS if section else ())
     ctx = {"title": ds, "dataset": ds, "regs": regs, "anytime": section,
            **_results(w, sel, regs), **_agreement(w, t, sel, ds, regs), **_correlations(w, sel, regs),
-           "downloads": {name: w.table(tables[key], f"{slug(ds)}-{key}") for name, key in links}}
+           "downloads": {name: w.table(tables[key], f"{slug(ds)}-{key}") for name, key in links},
+           "contributors": (rows := contributors.rows(records, w.base["sources"], set(sel.runs["run_id"]))),
+           "by_cell": contributors.by_cell(rows)}
     return w.page("dataset.html", f"dataset-{slug(ds)}.html", **ctx)
 
 

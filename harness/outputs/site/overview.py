@@ -14,7 +14,7 @@ from ...analysis.tables import headline
 from ...config.vocabulary import FAMILY_DESCRIPTIONS, Status
 from .. import charts
 from ..charts import records_of
-from . import sections
+from . import contributors, sections
 from .writer import SiteWriter
 
 # (link text, table): the overview's downloads after the runs, rankings and budget
@@ -58,6 +58,7 @@ def page(w: SiteWriter, t: AnalysisResult, records) -> Path:
                                                                   "seed", "status", "error"]]),
         "w_regimes": records_of(t.w_regimes),
         "downloads": downloads,
+        "contributors": contributors.rows(records, w.base["sources"]),
     }
     return w.page("index.html", "index.html", **ctx)
 

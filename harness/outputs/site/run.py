@@ -12,6 +12,7 @@ from ...config.vocabulary import WARNINGS, Status
 from ...execution.reproduce import reproduce_command
 from .. import charts
 from ..formatting import num, slug
+from . import contributors
 from .method import sweep_panels
 from .writer import SiteWriter
 
@@ -30,7 +31,8 @@ def page(w: SiteWriter, rec: RunRecord, dataset: str | None = None) -> Path:
            "diagnostics": _diagnostics(rec),
            "sweeps": sweep_panels(sweeps([rec], w.base["regimes"]), w.base["scale"]),
            "timings": _timings(rec.timings or {}), "provenance": _provenance(rec.provenance or {}),
-           "warnings": _warning_rows(rec.warnings), "budget": _budget_rows(rec.budget or {})}
+           "warnings": _warning_rows(rec.warnings), "budget": _budget_rows(rec.budget or {}),
+           "source": contributors.of_run(w.base["sources"], rid)}
     return w.page("run.html", f"runs/{slug(rid)}.html", **ctx)
 
 

@@ -1,0 +1,237 @@
+"""The services of results from many labs: `bundle`, `verify`, and the board merging local records with
+bundles (`leaderboard --bundles DIR`).
+
+The board trusts no status a bundle claims: it reruns the cheap checks itself (manifest, schema, metrics,
+fingerprints) and takes a rerun verdict only from a verification file next to the bundle whose bundle
+sha256 is the bundle's. Records are keyed so that another protocol version, data fingerprint, backbone
+weights, regime or scenario never shares a cell: a bundle's protocol must be the local protocol of that
+name and version (parsed YAML equal), and a record whose data fingerprint or backbone weights differ from
+the board's for its data set is left out, saying so.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config.errors import SweepError
+from .requests import BundleRequest, LeaderboardRequest, VerifyRequest
+
+LOCAL = "local"  # the verification status of the board's own records
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a record on a merged board came from: contributor, verification status (and why), hardware."""
+
+    contributor: str
+    status: str
+    reason: str
+    hardware: str
+    bundle: str  # the bundle's file name ("" for local records)
+
+
+def bundle(req: BundleRequest, log=print):
+    """Write the bundle file; returns bundle_write.Packed."""
+    from ..execution.bundle_write import make_bundle
+
+    return make_bundle(req.results, req.protocol, req.out, req.contributor, req.method_files, log=log)
+
+
+def verify(req: VerifyRequest, log=print):
+    """Check a bundle, rerun its sample, write the verdict JSON; returns bundle_verify.Verification."""
+    from ..config.files import write_atomic
+    from ..execution.bundle_verify import verdict_path, verify as run_verify
+
+    if req.sample < 0:
+        raise SweepError(f"--sample: {req.sample}; allowed: an integer >= 0")
+    result = run_verify(req.file, req.sample, req.data_dir, log=log)
+    write_atomic(verdict_path(req.file, req.out), result.to_json())
+    if req.markdown:
+        write_atomic(Path(req.markdown), verify_comment(req, result))
+    return result
+
+
+def verify_comment(req: VerifyRequest, result) -> str:
+    """The Markdown comment of a verdict: the bundle's cells beside those of the bundles under req.board (each
+    checked here; the bundle itself and refused ones left out)."""
+    from ..execution.bundle import BundleError, check_bundle, read_bundle
+    from ..outputs.bundle_comment import cell_means, comment
+
+    mine = check_bundle(read_bundle(req.file)).records
+    board, used, refused = [], 0, 0
+    folder = Path(req.board) if req.board else None
+    for path in sorted(folder.iterdir()) if folder and folder.is_dir() else []:
+        if path.suffix != ".zip" or path.resolve() == Path(req.file).resolve():
+            continue
+        try:
+            checked = check_bundle(read_bundle(path))
+        except BundleError:
+            refused += 1
+            continue
+        if (checked.bundle.protocol, checked.bundle.version) == (result.protocol, result.version):
+            board += [r for r in checked.records if r.run_id not in {m.run_id for m in mine}]
+            used += 1
+    note = (f"Board: {used} bundle(s) of this protocol version under the repository's bundles folder"
+            + (f"; {refused} refused by the checks" if refused else "") + ".") if folder else ""
+    return comment(result, mine, cell_means(board), note)
+
+
+def identity(record) -> tuple:
+    """What must be equal for two records of one data set to share a board: data fingerprint, backbone weights."""
+    s = record.spec
+    pretrained = (record.provenance or {}).get("pretrained")
+    # the weights' source, cache key and content hash; not the file's path, which differs from lab to lab
+    weights = {k: pretrained.get(k) for k in ("source", "key", "sha256")} if isinstance(pretrained, dict) else None
+    return (s.data_fingerprint, json.dumps(s.pretrain.as_json(), sort_keys=True),
+            json.dumps(weights, sort_keys=True, default=str))
+
+
+def local_source(record, contributor: str | None) -> Source:
+    """The Source of a record of the board's own results folder."""
+    from ..execution.bundle import hardware
+
+    return Source(contributor or "local results", LOCAL, "this results folder", hardware({}, [record]), "")
+
+
+def merged_records(req: LeaderboardRequest, log=print) -> tuple[list, dict]:
+    """(records, {run_id: Source}) of the local results folder and every bundle under req.bundles that passes."""
+    from ..execution.store import load_records
+
+    local = load_records(req.results, req.protocol, log=log) if Path(req.results).is_dir() else []
+    records = list(local)
+    sources = {r.run_id: local_source(r, req.contributor) for r in local}
+    folder = Path(req.bundles)
+    if not folder.is_dir():
+        raise SweepError(f"--bundles: {req.bundles} is not a folder; allowed: a folder of bundle .zip files")
+    for path in sorted(p for p in folder.iterdir() if p.suffix == ".zip"):
+        _add_bundle(req, path, records, sources, log)
+    return _keyed(records, sources, log), sources
+
+
+def _add_bundle(req: LeaderboardRequest, path: Path, records: list, sources: dict, log) -> None:
+    """Check one bundle and add its records (duplicates of a run id already on the board are left out)."""
+    from ..config.text import terminal_safe
+    from ..execution.bundle import BundleError, check_bundle, hardware, read_bundle
+    from ..execution.bundle_verify import read_verdict, verdict_path
+
+    try:
+        checked = check_bundle(read_bundle(path))
+        problem = protocol_mismatch(req.results, checked)
+    except BundleError as exc:
+        log(terminal_safe(f"leaderboard: bundle refused: {exc}"))
+        return
+    if problem:
+        log(terminal_safe(f"leaderboard: bundle {path.name} refused: {problem}"))
+        return
+    if req.protocol and checked.bundle.protocol != req.protocol:
+        log(terminal_safe(f"leaderboard: bundle {path.name} is of protocol {checked.bundle.protocol}; left out "
+                          f"(--protocol {req.protocol})"))
+        return
+    status, reason = read_verdict(verdict_path(path), checked.bundle.sha256)
+    source = Source(checked.bundle.contributor, status, reason, hardware(checked.environment, checked.records),
+                    path.name)
+    dup = [r for r in checked.records if r.run_id in sources]
+    for r in checked.records:
+        if r.run_id not in sources:
+            records.append(r)
+            sources[r.run_id] = source
+    log(terminal_safe(f"leaderboard: bundle {path.name} ({checked.bundle.contributor}, {status}): "
+                      f"{len(checked.records) - len(dup)} records added"
+                      + (f", {len(dup)} already on the board left out" if dup else "")))
+
+
+def protocol_mismatch(results, checked) -> str | None:
+    """Why a bundle's protocol is not the local protocol of its name and version (parsed YAML), or None."""
+    name, version = checked.bundle.protocol, checked.bundle.version
+    found = local_protocols(results, name)
+    same_version = {p: doc for p, doc in found.items() if str(doc.get("version")) == version}
+    if not same_version:
+        return (f"no local protocol {name} version {version} to compare it with (expected "
+                f"{Path(results) / name / 'protocol-files'}/*.yaml or a protocol of that name here); it is not merged")
+    if any(doc == checked.protocol_doc for doc in same_version.values()):
+        return None
+    path, doc = next(iter(same_version.items()))
+    keys = sorted(k for k in set(doc) | set(checked.protocol_doc) if doc.get(k) != checked.protocol_doc.get(k))
+    return (f"its protocol {name} version {version} differs from the local one ({path}) in {', '.join(keys)}: "
+            "the same name and version with other settings; it is not merged")
+
+
+def local_protocols(results, name: str) -> dict:
+    """{path: parsed YAML} of the local protocol files of `name`: the results folder's copies, then the named one."""
+    from ..config.errors import UserError
+    from ..config.files import read_regular
+    from ..config.protocol import resolve_protocol_path
+    from ..config.yamlfile import read_yaml
+    from ..execution.bundle_write import PROTOCOL_FILES
+
+    paths = sorted((Path(results) / name / PROTOCOL_FILES).glob("*.yaml"))
+    try:
+        paths.append(resolve_protocol_path(name))
+    except UserError:
+        pass
+    out = {}
+    for p in paths:
+        try:
+            doc = read_yaml(read_regular(p, 2**20).decode("utf-8"), str(p))
+        except (UserError, OSError, UnicodeDecodeError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            out[str(p)] = doc
+    return out
+
+
+def _keyed(records: list, sources: dict, log) -> list:
+    """The records whose data fingerprint and backbone weights are the board's for their data set (the local
+    records' where there are any, else the first bundle's); the others are left out, saying which."""
+    from ..config.text import terminal_safe
+
+    first = {}
+    for r in sorted(records, key=lambda r: (sources[r.run_id].status != LOCAL, sources[r.run_id].bundle)):
+        first.setdefault((r.spec.protocol, r.spec.protocol_version, r.dataset, str(r.spec.scenario)), identity(r))
+    kept = []
+    for r in records:
+        key = (r.spec.protocol, r.spec.protocol_version, r.dataset, str(r.spec.scenario))
+        if identity(r) == first[key]:
+            kept.append(r)
+            continue
+        what = "data fingerprint" if identity(r)[0] != first[key][0] else "backbone weights (pretrained source)"
+        log(terminal_safe(f"leaderboard: record {r.run_id} of {sources[r.run_id].contributor} left out: its {what} "
+                          f"differs from the board's for data set {r.dataset} (cells never mix them)"))
+    return kept
+
+
+def merged_leaderboard(req: LeaderboardRequest, log=print) -> tuple:
+    """One site per protocol of the merged records; index.html paths."""
+    from ..config.errors import OutputError
+    from ..config.paths import SITE, record_area_problem
+    from ..execution.store import protocol_dir
+    from ..execution.views import view_records
+    from ..outputs.site import build_site
+
+    problem = record_area_problem(req.results, req.out, site=True) if req.out else None
+    if problem:  # as records.refuse_record_area says it (that module calls this one: no import back)
+        raise OutputError(f"--out: {req.out} {problem}, which every later command reads its records from; "
+                          f"allowed: a path outside {req.results}, or the default")
+    records, sources = merged_records(req, log)
+    names = sorted({r.spec.protocol for r in records})
+    if not names:
+        raise SweepError(f"--bundles: no records on the board (none under {req.results}, no bundle merged)")
+    if req.out and len(names) > 1:
+        raise SweepError(f"--out: {len(names)} protocols found ({', '.join(names)}); add --protocol NAME")
+    sites = []
+    for name in names:
+        shown = view_records([r for r in records if r.spec.protocol == name], req.protocol_version, log=log)
+        target = Path(req.out) if req.out else protocol_dir(req.results, name) / SITE
+        index = build_site(shown, target, results_dir=str(req.results), include_flagged=req.include_flagged,
+                           rope=req.rope, root=_root(req.results, target), force=req.force or not req.out,
+                           sources={r.run_id: sources[r.run_id] for r in shown})
+        print(f"leaderboard: {Path(index).resolve()}")
+        sites.append(Path(index))
+    return tuple(sites)
+
+
+def _root(results, target) -> Path:
+    """The folder the site writer owns: --results when the site lies inside it, else the site folder."""
+    target = Path(target)
+    return Path(results) if target.is_relative_to(Path(results)) and target != Path(results) else target

@@ -1,0 +1,419 @@
+"""Results from many labs: `bundle`, `verify` (checks + sampled reruns) and the board merging bundles.
+
+Two "labs" run a tiny protocol (digits, one regime, naive and a method file, two orders) into two results
+folders; lab B edits one record consistently (an accuracy and the metrics, warnings and step forgetting that
+follow from it), so every cheap check passes and only a rerun can tell. Then each way a bundle can be damaged
+or unsafe is refused in one line with exit code 2.
+"""
+import contextlib
+import io
+import json
+import shutil
+import stat
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import ROOT
+
+from harness import service
+from harness.cli import main
+from harness.config.metrics import all_metrics, step_forgetting
+from harness.execution import bundle as bundle_mod
+from harness.execution.bundle import MANIFEST, BundleError, check_bundle, read_bundle, sha256_hex
+from harness.execution.bundle_verify import SELF_REPORTED, read_verdict
+from harness.execution.store import parse_record
+from harness.outputs.formatting import slug
+from harness.run.checks import run_warnings
+
+PROTOCOL = """name: tiny-labs
+version: "1"
+description: two labs, one cell each
+scenario: task-il
+pretrain: first-task
+datasets:
+  - {name: digits, n_tasks: 2, classes_per_task: 2, model: mlp}
+regimes: [head]
+methods: [naive, l2-anchor]
+task_orders: {count: 2, seed: 0}
+seeds: [0]
+training: {optimizer: sgd, lr: 0.05, momentum: 0.9, epochs: 1, batch_size: 32}
+evaluation: {batch_size: 512}
+"""
+DELTA = 0.0625  # what lab B adds to one final accuracy
+
+
+def _run(root: Path, results: Path, method: str) -> None:
+    service.run(service.SweepRequest(str(root / "tiny-labs.yaml"), results=str(results), methods=(method,),
+                                     method_files=(str(root / "l2_anchor.py"),), mlflow=False,
+                                     leaderboard=False, progress=False), log=lambda *_: None)
+
+
+def _tamper(path: Path) -> float:
+    """Raise task 0's final accuracy by DELTA and rewrite everything that follows from it; returns the change."""
+    data = json.loads(path.read_text())
+    R = data["acc_matrix"]
+    new = min(1.0, R[-1][0] + DELTA) if R[-1][0] + DELTA <= 1.0 else R[-1][0] - DELTA
+    change = abs(new - R[-1][0])
+    R[-1][0] = new
+    data["metrics"] = all_metrics(R, data["init_acc"])
+    if "step_forgetting" in data["update_norms"]:
+        data["update_norms"]["step_forgetting"] = step_forgetting(np.asarray(R, dtype=float))
+    from harness.config.specs import RunSpec
+    scenario = RunSpec.from_dict(data["spec"]).scenario
+    data["warnings"] = [w.to_dict() if hasattr(w, "to_dict") else w
+                        for w in run_warnings(R, data["checks"], scenario, None)]
+    record, problem = parse_record(data, expected_run_id=path.stem, protocol="tiny-labs")
+    assert problem is None, problem  # consistent: the store's checks cannot tell
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+    return change
+
+
+@pytest.fixture(scope="module")
+def labs(tmp_path_factory):
+    """Two labs' results, their bundles (B tampered) and both verdicts."""
+    root = tmp_path_factory.mktemp("labs")
+    (root / "tiny-labs.yaml").write_text(PROTOCOL)
+    shutil.copy(ROOT / "submissions" / "l2_anchor.py", root / "l2_anchor.py")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with contextlib.chdir(root):  # no submissions/ folder here: the method comes from the named file only
+        _run(root, root / "lab-a", "naive")
+        _run(root, root / "lab-b", "l2-anchor")
+        runs = sorted((root / "lab-b" / "tiny-labs" / "runs").glob("*.json"))
+        tampered = runs[0].stem
+        change = _tamper(runs[0])
+        (root / "bundles").mkdir()
+        a, b = root / "bundles" / "a.zip", root / "bundles" / "b.zip"
+        assert main(["bundle", "--results", "lab-a", "--protocol", "tiny-labs.yaml", "-o", str(a),
+                     "--contributor", "Lab <A> & Co"]) == 0
+        assert main(["bundle", "--results", "lab-b", "--protocol", "tiny-labs.yaml", "-o", str(b),
+                     "--contributor", "Lab B"]) == 0
+        codes = (main(["verify", str(a), "--sample", "2"]), main(["verify", str(b), "--sample", "2"]))
+    torch.set_num_threads(threads)
+    verdicts = [json.loads(Path(str(p) + ".verification.json").read_text()) for p in (a, b)]
+    return {"root": root, "a": a, "b": b, "tampered": tampered, "change": change, "codes": codes,
+            "verdicts": verdicts}
+
+
+def test_honest_bundle_is_verified(labs):
+    va = labs["verdicts"][0]
+    assert labs["codes"][0] == 0
+    assert va["status"] == "verified" and va["format"] == 1 and va["contributor"] == "Lab <A> & Co"
+    assert va["bundle_sha256"] == sha256_hex(labs["a"].read_bytes())
+    assert [r["verdict"] for r in va["reruns"]] == ["bitwise", "bitwise"] and va["records"] == 2
+
+
+def test_tampered_bundle_passes_checks_but_its_rerun_differs(labs):
+    vb = labs["verdicts"][1]
+    assert labs["codes"][1] == 1
+    assert vb["status"] == "rerun differs" and vb["ran_bundled_code"] is True
+    differs = [r for r in vb["reruns"] if r["verdict"] == "differs"]
+    assert [r["run_id"] for r in differs] == [labs["tampered"]]
+    # the largest difference is the edited accuracy itself (the metrics move by less)
+    assert differs[0]["max_delta"] == pytest.approx(labs["change"], abs=1e-12)
+    assert labs["tampered"] in vb["reason"] and "largest difference" in vb["reason"]
+    assert [r["verdict"] for r in vb["reruns"] if r["run_id"] != labs["tampered"]] == ["bitwise"]
+
+
+def test_sample_zero_runs_no_bundled_code(labs, monkeypatch, tmp_path, capsys):
+    import harness.api.registry as registry
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("bundled code was loaded")
+    monkeypatch.setattr(registry, "load_module_file", refuse)
+    out = tmp_path / "v.json"
+    assert main(["verify", str(labs["b"]), "--sample", "0", "-o", str(out)]) == 0
+    verdict = json.loads(out.read_text())
+    assert verdict["status"] == SELF_REPORTED and verdict["ran_bundled_code"] is False and verdict["reruns"] == []
+    assert "no bundled code ran" in capsys.readouterr().out
+
+
+def _board(labs, tmp_path, out: str, *extra) -> str:
+    """Build the merged board in a fresh local results folder holding only the protocol's copy."""
+    local = tmp_path / "local"
+    copies = local / "tiny-labs" / "protocol-files"
+    copies.mkdir(parents=True, exist_ok=True)
+    text = PROTOCOL.encode()
+    (copies / f"{sha256_hex(text)[:16]}.yaml").write_bytes(text)
+    assert main(["leaderboard", "--results", str(local), "--bundles", str(labs["bundles_dir"] if "bundles_dir"
+                 in labs else labs["a"].parent), "--out", str(tmp_path / out), *extra]) == 0
+    return (tmp_path / out / "index.html").read_text()
+
+
+def test_merged_board_shows_both_contributors_and_statuses(labs, tmp_path, capsys):
+    index = _board(labs, tmp_path, "site")
+    assert "Lab &lt;A&gt; &amp; Co" in index and "Lab <A>" not in index  # escaped
+    assert "Lab B" in index and "rerun differs" in index and "verified" in index
+    run_page = (tmp_path / "site" / "runs" / f"{slug(labs['tampered'])}.html").read_text()
+    assert "Contributed by <b>Lab B</b>" in run_page and "rerun differs" in run_page and "cpu" in run_page
+    dataset_page = (tmp_path / "site" / f"dataset-{slug('digits')}.html").read_text()
+    assert "Lab B" in dataset_page and "Lab &lt;A&gt; &amp; Co" in dataset_page
+    # each grid cell names its contributor, coloured by its verification status
+    assert '<span class="bad" title="rerun differs">Lab B</span>' in dataset_page
+    assert '<span class="ok" title="verified">Lab &lt;A&gt; &amp; Co</span>' in dataset_page
+
+
+def test_board_takes_no_verdict_made_for_another_bundle(labs, tmp_path):
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    shutil.copy(labs["b"], bundles / "b.zip")
+    forged = dict(labs["verdicts"][0], status="verified", bundle_sha256=labs["verdicts"][0]["bundle_sha256"])
+    (bundles / "b.zip.verification.json").write_text(json.dumps(forged))  # A's verdict beside B
+    assert read_verdict(bundles / "b.zip.verification.json", sha256_hex(labs["b"].read_bytes()))[0] == SELF_REPORTED
+    index = _board(dict(labs, bundles_dir=bundles), tmp_path, "site2")
+    assert '<b class="">self-reported</b>' in index and 'class="ok">verified<' not in index
+
+
+# ---- refusals: one line, exit 2 --------------------------------------------------------------------
+
+def _rezip(src: Path, dst: Path, edit=None, manifest: bool = True, link: str | None = None) -> Path:
+    """A copy of bundle `src` with its members edited; the manifest recomputed unless manifest=False."""
+    with zipfile.ZipFile(src) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    if edit:
+        members = edit(members)
+    if manifest:
+        old = json.loads(members[MANIFEST])
+        old["members"] = [{"name": n, "sha256": sha256_hex(b), "size": len(b)}
+                          for n, b in sorted(members.items()) if n != MANIFEST]
+        members[MANIFEST] = json.dumps(old).encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for n, b in members.items():
+            info = zipfile.ZipInfo(n)
+            if n == link:
+                info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            zf.writestr(info, b, compress_type=zipfile.ZIP_DEFLATED)
+    dst.write_bytes(buf.getvalue())
+    return dst
+
+
+def _refused(path: Path, capsys, *words) -> str:
+    assert main(["verify", str(path), "--sample", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert all(w in err for w in words), err
+    assert not Path(str(path) + ".verification.json").exists()
+    return err
+
+
+def _renamed(old: str, new: str):
+    return lambda m: {(new if n == old else n): b for n, b in m.items()}
+
+
+def _first_record(path: Path) -> str:
+    with zipfile.ZipFile(path) as zf:
+        return next(n for n in zf.namelist() if n.startswith("records/"))
+
+
+@pytest.mark.parametrize("name", ["../evil.json", "/etc/evil.json", "records\\..\\x.json", "records/../x.json",
+                                  "records/sub/aaaaaaaaaaaa.json", "protocol/x.yaml"])
+def test_member_names_outside_the_layout_are_refused(labs, tmp_path, capsys, name):
+    bad = _rezip(labs["a"], tmp_path / "bad.zip", _renamed(_first_record(labs["a"]), name))
+    _refused(bad, capsys, "not an allowed name")
+
+
+def test_a_link_member_is_refused(labs, tmp_path, capsys):
+    bad = _rezip(labs["a"], tmp_path / "bad.zip", link=_first_record(labs["a"]))
+    _refused(bad, capsys, "link")
+
+
+def test_a_zip_bomb_is_refused(labs, tmp_path, capsys):
+    name = "records/aaaaaaaaaaaa.json"
+    bomb = _rezip(labs["a"], tmp_path / "bomb.zip", lambda m: {**m, name: b"0" * (17 * 2**20)})
+    assert bomb.stat().st_size < 2**20  # small on disk, 17 MiB inflated
+    _refused(bomb, capsys, "bytes", name)
+
+
+def test_total_and_count_caps_count_inflated_bytes(labs, tmp_path, capsys, monkeypatch):
+    a = Path(shutil.copy(labs["a"], tmp_path / "a.zip"))
+    monkeypatch.setattr(bundle_mod, "MAX_TOTAL_BYTES", 8000)  # bundle A inflates to more than that
+    _refused(a, capsys, "zip bomb")
+    monkeypatch.setattr(bundle_mod, "MAX_TOTAL_BYTES", 2**30)
+    monkeypatch.setattr(bundle_mod, "MAX_MEMBERS", 3)
+    _refused(a, capsys, "at most 3")
+
+
+def test_missing_extra_and_edited_members_are_refused(labs, tmp_path, capsys):
+    first = _first_record(labs["a"])
+    missing = _rezip(labs["a"], tmp_path / "m.zip", lambda m: {n: b for n, b in m.items() if n != first},
+                     manifest=False)
+    _refused(missing, capsys, "missing", first)
+    extra = _rezip(labs["a"], tmp_path / "e.zip", lambda m: {**m, "records/000000000000.json": b"{}"},
+                   manifest=False)
+    _refused(extra, capsys, "extra", "000000000000")
+    edited = _rezip(labs["a"], tmp_path / "h.zip", lambda m: {**m, first: m[first].replace(b'"seed"', b'"seed" ')},
+                    manifest=False)
+    _refused(edited, capsys, "sha256", first)
+
+
+def test_a_record_edited_inconsistently_is_refused_even_with_a_fresh_manifest(labs, tmp_path, capsys):
+    first = _first_record(labs["a"])
+
+    def edit(m):
+        data = json.loads(m[first])
+        data["metrics"]["acc"] = min(1.0, data["metrics"]["acc"] + 0.1)
+        return {**m, first: json.dumps(data).encode()}
+    _refused(_rezip(labs["a"], tmp_path / "r.zip", edit), capsys, first, "do not follow from its accuracy matrix")
+
+
+def test_untrusted_manifest_fields_are_refused(labs, tmp_path, capsys):
+    def named(value):
+        def edit(m):
+            data = json.loads(m[MANIFEST])
+            data["protocol"] = value
+            return {**m, MANIFEST: json.dumps(data).encode()}
+        return edit
+    _refused(_rezip(labs["a"], tmp_path / "n.zip", named("../../etc"), manifest=False), capsys, "protocol name")
+    _refused(_rezip(labs["a"], tmp_path / "n.zip", named("other"), manifest=False), capsys, "not protocol other")
+
+
+def test_a_protocol_of_the_same_name_and_version_with_other_settings_is_refused_by_the_board(labs, tmp_path, capsys):
+    def other_lr(m):
+        old = next(n for n in m if n.startswith("protocol/"))
+        text = m[old].replace(b"lr: 0.05", b"lr: 0.5")
+        return {**{n: b for n, b in m.items() if n != old}, f"protocol/{sha256_hex(text)[:16]}.yaml": text}
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    forged = _rezip(labs["a"], bundles / "a2.zip", other_lr)
+    check_bundle(read_bundle(forged))  # self-consistent: only the comparison with the local protocol tells
+    capsys.readouterr()
+    local = tmp_path / "local"
+    (local / "tiny-labs" / "protocol-files").mkdir(parents=True)
+    (local / "tiny-labs" / "protocol-files" / "x.yaml").write_text(PROTOCOL)
+    assert main(["leaderboard", "--results", str(local), "--bundles", str(bundles), "--out",
+                 str(tmp_path / "s")]) == 2  # nothing left to show
+    out = capsys.readouterr()
+    assert "a2.zip refused" in out.out and "differs from the local one" in out.out and "training" in out.out
+    assert out.err.count("\n") == 1
+
+
+def test_read_bundle_refuses_a_non_zip(tmp_path):
+    p = tmp_path / "x.zip"
+    p.write_bytes(b"not a zip")
+    with pytest.raises(BundleError, match="not a readable zip"):
+        read_bundle(p)
+
+
+def test_pull_request_comment_escapes_and_compares_with_the_board(labs, tmp_path):
+    out = tmp_path / "comment.md"
+    assert main(["verify", str(labs["a"]), "--sample", "0", "-o", str(tmp_path / "v.json"), "--markdown", str(out),
+                 "--board", str(labs["a"].parent)]) == 0
+    text = out.read_text()
+    assert "Lab \\<A\\> \\& Co" in text and "<A>" not in text
+    # naive's cell: the mean over lab A's records of the last row's mean of each accuracy matrix (ACC)
+    runs = [json.loads(p.read_text()) for p in (labs["root"] / "lab-a" / "tiny-labs" / "runs").glob("*.json")]
+    acc = np.mean([np.mean(r["acc_matrix"][-1]) for r in runs])
+    assert f"| digits | task-il | head | naive | 2 | {100 * acc:.2f} | — | 0 |" in text.replace("task\\-il", "task-il")
+    assert "Board: 1 bundle(s)" in text  # b.zip (a.zip itself is left out)
+
+
+WORKFLOWS = ROOT / "docs" / "results-repository"
+
+
+@pytest.mark.parametrize("name", ["verify.yml", "comment.yml", "board.yml"])
+def test_workflows_never_put_expressions_into_shell_lines(name):
+    import yaml
+
+    text = (WORKFLOWS / name).read_text()
+    flow = yaml.safe_load(text)
+    triggers = flow.get("on", flow.get(True))  # YAML 1.1 reads a bare `on` as true
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert "pull_request_target" not in code and "pull_request_target" not in triggers
+    steps = [step for job in flow["jobs"].values() for step in job["steps"]]
+    code_lines = [step.get("run") or step.get("with", {}).get("script") for step in steps]  # shell or JavaScript
+    assert any(code_lines) and not [c for c in code_lines if c and "${{" in c]
+
+
+def test_the_workflow_that_runs_pull_request_code_has_a_read_only_token():
+    import yaml
+
+    flow = yaml.safe_load((WORKFLOWS / "verify.yml").read_text())
+    assert list(flow.get("on", flow.get(True))) == ["pull_request"] and flow["permissions"] == {"contents": "read"}
+    steps = flow["jobs"]["verify"]["steps"]
+    assert steps[0]["with"]["persist-credentials"] is False
+    assert any("cl-bench verify" in s.get("run", "") and "--markdown" in s.get("run", "") for s in steps)
+
+
+def test_records_of_another_data_fingerprint_never_share_a_cell(labs, tmp_path, capsys):
+    from harness.config.specs import run_id_of
+
+    def other_data(m):
+        out = {}
+        for n, b in m.items():
+            if n.startswith("records/"):
+                data = json.loads(b)
+                data["spec"]["data_fingerprint"] = "sha256:00000000000000ff"
+                data["run_id"] = run_id_of(data["spec"])
+                n, b = f"records/{data['run_id']}.json", json.dumps(data).encode()
+            out[n] = b
+        return out
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    shutil.copy(labs["a"], bundles / "a.zip")
+    forged = _rezip(labs["b"], bundles / "b2.zip", other_data)
+    moved = {r.run_id for r in check_bundle(read_bundle(forged)).records}  # consistent on its own
+    capsys.readouterr()
+    index = _board(dict(labs, bundles_dir=bundles), tmp_path, "site3")
+    out = capsys.readouterr().out
+    assert all(f"record {rid} of Lab B left out: its data fingerprint differs" in out for rid in moved)
+    assert "Lab B" not in index and "Lab &lt;A&gt; &amp; Co" in index
+
+
+def test_bundling_by_name_takes_the_results_folders_protocol_copy_and_is_deterministic(labs, tmp_path):
+    lab = tmp_path / "lab-a"
+    shutil.copytree(labs["root"] / "lab-a", lab)
+    text = PROTOCOL.encode()
+    (lab / "tiny-labs" / "protocol-files").mkdir()
+    (lab / "tiny-labs" / "protocol-files" / f"{sha256_hex(text)[:16]}.yaml").write_bytes(text)
+    out = tmp_path / "again.zip"
+    assert main(["bundle", "--results", str(lab), "--protocol", "tiny-labs", "-o", str(out),
+                 "--contributor", "Lab <A> & Co"]) == 0
+    assert sha256_hex(out.read_bytes()) == sha256_hex(labs["a"].read_bytes())  # same members, same bytes
+
+
+def test_data_not_available_makes_a_bundle_self_reported(labs, tmp_path, monkeypatch):
+    import harness.execution.reproduce as reproduce
+    from harness.config.errors import DatasetMissing
+
+    def missing(*args, **kwargs):
+        raise DatasetMissing("digits: not found under ./data")
+    monkeypatch.setattr(reproduce, "reproduce", missing)
+    out = tmp_path / "v.json"
+    assert main(["verify", str(labs["a"]), "--sample", "1", "-o", str(out)]) == 0
+    verdict = json.loads(out.read_text())
+    assert verdict["status"] == SELF_REPORTED and verdict["reason"].startswith("data not available here")
+
+
+def test_a_member_whose_header_understates_its_size_is_refused(labs, tmp_path, capsys):
+    name = "records/aaaaaaaaaaaa.json"
+    data = bytearray(_rezip(labs["a"], tmp_path / "lie.zip", lambda m: {**m, name: b"0" * (17 * 2**20)}).read_bytes())
+    at = data.find(name.encode())  # the local header's name; its sizes sit 26..30 bytes before it
+    data[at - 30 + 22: at - 30 + 26] = (100).to_bytes(4, "little")
+    central = data.find(b"PK\x01\x02")
+    while central != -1:  # each central directory entry: uncompressed size at offset 24
+        if data[central + 46: central + 46 + len(name)] == name.encode():
+            data[central + 24: central + 28] = (100).to_bytes(4, "little")
+        central = data.find(b"PK\x01\x02", central + 4)
+    lie = tmp_path / "lie.zip"
+    lie.write_bytes(bytes(data))
+    with zipfile.ZipFile(lie) as zf:
+        assert zf.getinfo(name).file_size == 100  # the header says 100 bytes
+    _refused(lie, capsys, "lie.zip", "not a readable zip")  # the read stops at the declared size: CRC fails
+
+
+def test_cells_are_keyed_by_the_weights_content_not_their_cache_path(labs):
+    from dataclasses import replace
+
+    from harness.service.bundles import identity
+
+    record = check_bundle(read_bundle(labs["a"])).records[0]
+    prov = dict(record.provenance, pretrained={"source": "imagenet", "key": "k1", "path": "/lab-a/cache/w.pt",
+                                               "sha256": "ab" * 32})
+    here = replace(record, provenance=prov)
+    elsewhere = replace(record, provenance=dict(prov, pretrained={**prov["pretrained"], "path": "/lab-b/w.pt"}))
+    other = replace(record, provenance=dict(prov, pretrained={**prov["pretrained"], "sha256": "cd" * 32}))
+    assert identity(here) == identity(elsewhere) and identity(here) != identity(other)
