@@ -227,7 +227,7 @@ def test_mas_wrapper_hands_its_hyperparameters_to_avalanche():
 
 def _submit(path, results, *extra):
     return main(["submit", str(path), "--protocol", "smoke", "--results", str(results), "--regimes", "head,full",
-                 "--orders", "1", "--jobs", "1", "--no-mlflow", "--no-progress", *extra])
+                 "--orders", "1", "--jobs", "1", "--no-mlflow", "--no-progress", "--no-baselines", *extra])
 
 
 def _records(results):
@@ -242,7 +242,7 @@ def test_submit_runs_the_grid_for_the_method_and_marks_it(tmp_path, monkeypatch,
     path.write_text((ROOT / "submissions" / "l2_anchor.py").read_text())
     assert _submit(path, results) == 0
     out = capsys.readouterr().out
-    assert "the adapter contract holds" in out and "2 runs of 'l2-anchor' finished" in out
+    assert "the adapter contract holds" in out and "2 runs (2 of 'l2-anchor') finished" in out
     records = _records(results)
     assert [r["spec"]["method"] for r in records] == ["l2-anchor", "l2-anchor"]
     assert {r["spec"]["regime"] for r in records} == {"head", "full"}

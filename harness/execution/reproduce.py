@@ -78,15 +78,15 @@ def sweep_command(sweep, results: str, protocol_name: str, records=()) -> str | 
 
 def sweep_commands(records, results: str) -> list[str]:
     """The distinct `run`/`submit` commands that made `records` (each from its `provenance["sweep"]`, with the
-    method files of the records it made), in the order of their first record; records without one are left
-    out (the caller shows its own fallback)."""
+    method files of the records it made): the `run`s first (submissions rank against what they made), each
+    kind in the order of its first record; records without one are left out (the caller shows its fallback)."""
     groups: dict[str, list] = {}
     for r in records:
         entry = (r.provenance or {}).get("sweep")
         if isinstance(entry, dict):
             groups.setdefault(json.dumps([r.spec.protocol, entry], sort_keys=True, default=str), []).append(r)
     out = []
-    for rs in groups.values():
+    for rs in sorted(groups.values(), key=lambda rs: rs[0].provenance["sweep"].get("command") != "run"):
         cmd = sweep_command(rs[0].provenance["sweep"], results, rs[0].spec.protocol, rs)
         if cmd and cmd not in out:
             out.append(cmd)
