@@ -132,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (exposed for tests and docs)."""
     fmt = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog="cl-bench", formatter_class=fmt,
-                     description="Continual-learning benchmarks under controlled fine-tuning depth regimes.",
+                     description="Continual-learning benchmarks under controlled fine-tuning regimes "
+                                 "(depth, bitfit, norm, LoRA).",
                      epilog="run `cl-bench COMMAND --help` for a command's options and examples")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _add_run(sub, fmt)
