@@ -86,10 +86,18 @@ def test_missing_baselines_run_first_and_no_baselines_runs_none(setup, cli):
     assert code == 0, err
     assert _methods(setup.results) == ["derpp-plugin"] * 2
     assert "baselines: 0 of 4 runs" in out and "not run (--no-baselines)" in out
+    assert "x 3 methods x" in out and "done: 0   to run: 2" in out  # the plan is the whole grid's
     code, out, err = cli("submit", FILE, *args)
     assert code == 0, err
     assert "the missing ones run first" in out and "4 runs (0 of 'derpp-plugin') finished" in out
     assert _methods(setup.results) == ["derpp-plugin"] * 2 + ["naive"] * 2 + ["replay"] * 2
+    # a later submission of another file ranks against the baselines and the earlier submission alike
+    code, out, err = cli("submit", "submissions/l2_anchor.py", *args, "--no-baselines")
+    assert code == 0, err
+    assert "baselines: 4 of 4 runs" in out and "2 records of other submitted files are ranked too" in out
+    assert "protocol tinyrank version 1: 8 records" in out and "outside this grid" not in out
+    summary = out[out.index("dataset: digits"):]
+    assert all(m in summary for m in ("derpp-plugin", "l2-anchor", "naive", "replay"))
 
 
 def test_a_setting_changed_without_a_new_version_is_named(setup, cli):

@@ -12,6 +12,7 @@ from this file without the submission's provenance (`run --method FILE`) is run 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +35,7 @@ class Submission:
     grid: dict = dataclasses.field(default_factory=dict)  # run id -> RunSpec of the whole grid (what is ranked)
     baselines: bool = True  # whether the protocol's own methods are run when missing
     done: frozenset = frozenset()  # run ids of the whole grid with a valid record before this submission
+    others: frozenset = frozenset()  # run ids of other submitted files' records in the grid (ranked too)
 
     def own_ids(self) -> frozenset:
         """The run ids of the submitted method's runs."""
@@ -41,7 +43,7 @@ class Submission:
 
     def baseline_counts(self) -> tuple[int, int]:
         """(records there, runs in the grid) of the protocol's own methods (the baselines)."""
-        theirs = {rid for rid, s in self.grid.items() if s.method != self.method}
+        theirs = {rid for rid, s in self.grid.items() if s.method != self.method} - self.others
         return len(theirs & self.done), len(theirs)
 
 
@@ -97,19 +99,39 @@ def prepare(path, protocol_name: str, results, *, datasets=None, regimes=None, o
     planned = plan_sweep(protocol, results, data_dir=data_dir, download=download, dry_run=dry_run,
                          retry_failed=retry_failed)
     grid = {s.run_id: s for s in planned.specs if s.data_fingerprint or not planned.missing_data}
+    others = other_submissions(grid, results, protocol.name, adapter.name)
+    grid.update(others)
     plan = redo_unsubmitted(planned, info["sha256"], adapter.name)
     if not baselines:
         plan = only_method(plan, adapter.name)
-    return Submission(adapter.name, protocol, plan, info, str(path), grid, baselines, frozenset(planned.done))
+    return Submission(adapter.name, protocol, plan, info, str(path), grid, baselines, frozenset(planned.done),
+                      frozenset(others))
 
 
 def only_method(plan: Plan, method: str) -> Plan:
-    """The plan restricted to one method's runs (`submit --no-baselines`)."""
-    keep = lambda s: s.method == method  # noqa: E731
-    specs = tuple(s for s in plan.specs if keep(s))
-    ids = {s.run_id for s in specs}
-    return dataclasses.replace(plan, specs=specs, done={k: v for k, v in plan.done.items() if k in ids},
-                               todo=tuple(s for s in plan.todo if keep(s)))
+    """The plan with only one method's runs to do (`submit --no-baselines`); its grid and what is done stay
+    whole, so the plan and its power lines describe the grid the method is ranked in."""
+    return dataclasses.replace(plan, todo=tuple(s for s in plan.todo if s.method == method))
+
+
+# What a method changes in a spec; the rest (data, regime, order, seed, training, ...) is the cell's setting.
+METHOD_KEYS = ("method", "label", "hparams", "method_version")
+
+
+def other_submissions(grid: dict, results, protocol_name: str, method: str) -> dict:
+    """{run id: spec} of the records of other submitted files in the results folder whose cell setting is
+    one of the grid's (same data, regime, order, seed, training, ...): earlier submissions are ranked too,
+    as `leaderboard` ranks them; one made under other settings is not."""
+    from .store import runs_dir, scan_runs
+
+    settings = {_setting(s.to_dict()) for s in grid.values()}
+    return {rid: rec.spec for rid, rec in scan_runs(runs_dir(results, protocol_name)).valid.items()
+            if rid not in grid and rec.submission and rec.spec.method != method
+            and _setting(rec.spec.to_dict()) in settings}
+
+
+def _setting(spec: dict) -> str:
+    return json.dumps({k: v for k, v in spec.items() if k not in METHOD_KEYS}, sort_keys=True)
 
 
 def redo_unsubmitted(plan: Plan, sha256: str, method: str | None = None) -> Plan:

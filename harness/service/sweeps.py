@@ -114,11 +114,13 @@ def _baselines_line(sub) -> str:
     """What the submission is ranked against: the baseline records there, and whether the missing ones run."""
     there, total = sub.baseline_counts()
     if not total:
-        return "baselines: the protocol has no other method under these filters"
+        return "baselines: the protocol has no other method under these filters" + (
+            f"; {len(sub.others)} records of other submitted files are ranked" if sub.others else "")
     missing = total - there
     then = ("" if not missing else "; the missing ones run first" if sub.baselines
             else "; the missing ones are not run (--no-baselines): the ranking uses the records there")
-    return f"baselines: {there} of {total} runs of the protocol's own methods are recorded{then}"
+    others = f"; {len(sub.others)} records of other submitted files are ranked too" if sub.others else ""
+    return f"baselines: {there} of {total} runs of the protocol's own methods are recorded{then}{others}"
 
 
 def reproduce(req: ReproduceRequest) -> Reproduction:
