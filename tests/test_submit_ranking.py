@@ -124,7 +124,7 @@ def test_the_commands_a_page_shows_work_from_another_directory(setup, cli, monke
     (elsewhere / FILE).write_bytes((ROOT / FILE).read_bytes())  # the user's copy of the file, as the page says
     monkeypatch.chdir(elsewhere)
     index = (site / "index.html").read_text()
-    shown = [line for line in index.split("<pre>")[-1].split("</pre>")[0].splitlines() if "submit" in line]
+    shown = [line for line in index.split('<pre class="cmd">')[-1].split("</pre>")[0].splitlines() if "submit" in line]
     assert len(shown) == 1
     argv = shlex.split(shown[0].replace("&#39;", "'"))
     assert argv[:3] == ["cl-bench", "submit", FILE] and "--no-baselines" in argv
@@ -133,7 +133,7 @@ def test_the_commands_a_page_shows_work_from_another_directory(setup, cli, monke
     assert code == 0, err
     assert "done: 2   to run: 0" in out  # the same run ids: the command names the same grid
     run_page = next((site / "runs").glob("*.html")).read_text()
-    cmd = shlex.split(run_page.split("<pre>")[1].split("</pre>")[0])
+    cmd = shlex.split(run_page.split('<pre class="cmd">')[1].split("</pre>")[0])
     assert cmd[1] == "reproduce" and cmd[cmd.index("--method") + 1] == FILE
     code, out, err = cli(*cmd[1:])
     assert code == 0 and "reproduced: bitwise equal" in out, err
