@@ -15,7 +15,7 @@ from conftest import ROOT
 
 from harness.config.errors import OutputError
 from harness.config.files import file_sha256
-from harness.execution.protocol_files import save_protocol_file
+from harness.execution.protocol_files import relative_references, save_protocol_file
 from harness.execution.reproduce import sweep_command
 from harness.outputs.site import slug
 
@@ -156,3 +156,9 @@ def test_the_protocol_copy_stays_in_its_folder_and_is_written_once(tmp_path):
             "orders": 2}
     assert sweep_command(good, "res", "p") == ("cl-bench run --protocol res/p/protocol-files/" + "a" * 16
                                                + ".yaml --results res --orders 2")  # a name off the rule is dropped
+
+
+def test_the_files_a_protocol_names_relative_to_its_folder_are_found():
+    text = b"plugins: [x.py, /abs/y.py]\npretrain: {checkpoint: ck.pt}\ndatasets: [{name: 'npz:d.npz'}, digits]\n"
+    assert relative_references(text) == ["x.py", "ck.pt", "d.npz"]
+    assert relative_references(b"name: p\n") == [] and relative_references(b"[unclosed") == []

@@ -48,6 +48,28 @@ def save_protocol_file(results: str | Path, protocol) -> Path:
     return target
 
 
+def relative_references(data: bytes) -> list[str]:
+    """The paths a protocol file names relative to its own folder (plug-in files, a checkpoint, npz data
+    sets): a copy elsewhere does not resolve them."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(data)
+    except yaml.YAMLError:
+        return []
+    if not isinstance(raw, dict):
+        return []
+    named = [p for p in raw.get("plugins") or [] if isinstance(p, str)]
+    pretrain = raw.get("pretrain")
+    if isinstance(pretrain, dict) and isinstance(pretrain.get("checkpoint"), str):
+        named.append(pretrain["checkpoint"])
+    for d in raw.get("datasets") or []:
+        name = d.get("name") if isinstance(d, dict) else d
+        if isinstance(name, str) and name.startswith("npz:"):
+            named.append(name[len("npz:"):])
+    return [p for p in named if not Path(p).expanduser().is_absolute()]
+
+
 def sweep_provenance(command: str, protocol_copy: str, sha256: str, *, datasets=None, regimes=None,
                      methods=None, orders=None, method_file: str | None = None,
                      baselines: bool = True) -> dict:

@@ -200,12 +200,17 @@ def _sweep_and_report(req: SweepRequest, protocol, plan, options, log: Log, grid
                       of: str = "", provenance: dict | None = None) -> SweepOutcome:
     """Run the plan (its records carry `provenance`), then the end-of-sweep report, summary table and
     leaderboard of `grid` (run id -> RunSpec; default the plan's)."""
-    from ..execution.protocol_files import save_protocol_file
+    from ..config.text import terminal_safe
+    from ..execution.protocol_files import relative_references, save_protocol_file
     from ..execution.store import runs_dir
 
     result = _run_tracked(plan, protocol, req, options, log, provenance)
     if provenance and (result.written or runs_dir(req.results, protocol.name).is_dir()):
-        save_protocol_file(req.results, protocol)  # the file the records' commands name
+        copy = save_protocol_file(req.results, protocol)  # the file the records' commands name
+        relative = relative_references(copy.read_bytes())
+        if relative:
+            log(terminal_safe(f"note: {protocol.source} names {', '.join(relative)} relative to its folder; the "
+                              f"copy {copy} resolves them relative to its own: put them beside it to rerun from it"))
     grid = grid if grid is not None else {s.run_id: s for s in plan.specs}
     mine = f" ({sum(1 for path in result.written if grid[Path(path).stem].method == of)} of {of!r})" if of else ""
     log(f"\n{len(result.written)} runs{mine} finished in {result.wall_s:.1f} s "
