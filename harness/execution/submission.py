@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Submission:
-    """Everything `submit` runs: the protocol with the submission, the plan of what runs (the whole grid, or
-    the submission's runs only without baselines), the whole grid's specs, and the provenance entry."""
+    """Everything `submit` runs: the protocol with the submission, the plan of the whole grid (without
+    baselines only the submission's runs are to do), the specs it ranks (`grid`), and the provenance entry."""
 
     method: str
     protocol: Protocol
