@@ -1,2 +1,2 @@
-"""cl-bench: continual-learning benchmarks under controlled fine-tuning depth regimes."""
+"""cl-bench: continual-learning benchmarks under controlled fine-tuning regimes (depth, bitfit, norm, LoRA)."""
 __version__ = "0.1.0"

@@ -126,7 +126,7 @@ def test_build_failure_points_at_the_line_in_the_file(tmp_path):
     assert "kaboom" in finding.detail  # the traceback's tail
 
 
-@pytest.mark.parametrize("example", ["l2_anchor", "mas_wrapped"])
+@pytest.mark.parametrize("example", ["l2_anchor", "mas_wrapped", "derpp"])
 def test_example_submissions_pass_the_contract(example, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["check", f"submissions/{example}.py"]) == 0

@@ -189,6 +189,37 @@ def test_l2_anchor_penalty_matches_a_hand_computation():
     assert plugin.harness_diagnostics()["l2_anchor_mean_penalty"] == [0.0, pytest.approx(1.5 * n * 0.01, rel=1e-5)]
 
 
+def test_derpp_example_adds_two_replay_passes_and_the_papers_loss():
+    """submissions/derpp.py: two extra forward passes per step, each memory batch in its own, and the loss
+    CE + alpha * MSE(logits) + beta * CE(labels) (every stored row drawn: the means do not depend on the draw)."""
+    import torch.nn.functional as F
+
+    from harness.run.models import build_model
+
+    plugin = REGISTRY["derpp-plugin"].build.__globals__["DerppPlugin"](mem_size=4, alpha=0.3, beta=0.5, seed=0)
+    model = build_model("mlp", (1, 2, 2), 2, 2)
+    torch.manual_seed(0)
+    x, y, t = torch.randn(3, 1, 2, 2), torch.tensor([0, 1, 1]), torch.tensor([0, 0, 1])
+    logits = torch.randn(3, 2)
+    strategy = types.SimpleNamespace(model=model, loss=torch.tensor(0.5), train_mb_size=8,
+                                     _criterion=torch.nn.CrossEntropyLoss(), mb_x=x, mb_y=y, mb_task_id=t,
+                                     mb_output=logits)
+    plugin.after_update(strategy)  # 3 rows offered to 4 slots: all kept, in order
+    assert plugin.rows() == 3 and torch.equal(plugin.store[0][:3], x) and torch.equal(plugin.store[3][:3], logits)
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    plugin.before_backward(strategy)
+    assert len(calls) == 2  # + the strategy's own forward pass: three per step
+    with torch.no_grad():
+        out = model(x, t)
+        expected = 0.5 + 0.3 * F.mse_loss(out, logits) + 0.5 * F.cross_entropy(out, y)
+    assert float(strategy.loss.detach()) == pytest.approx(float(expected), rel=1e-6)
+    for _ in range(3):  # 9 more rows: a reservoir of 4 over 12 offered
+        plugin.after_update(strategy)
+    assert plugin.seen == 12 and plugin.rows() == 4
+    assert all(any(torch.equal(row, r) for r in x) for row in plugin.store[0])
+
+
 @pytest.mark.slow
 def test_l2_anchor_strength_trades_drift_and_mas_reduces_it():
     """strength 0 is sequential fine-tuning exactly; the drift after task 2 falls as strength grows."""
@@ -227,7 +258,7 @@ def test_mas_wrapper_hands_its_hyperparameters_to_avalanche():
 
 def _submit(path, results, *extra):
     return main(["submit", str(path), "--protocol", "smoke", "--results", str(results), "--regimes", "head,full",
-                 "--orders", "1", "--jobs", "1", "--no-mlflow", "--no-progress", *extra])
+                 "--orders", "1", "--jobs", "1", "--no-mlflow", "--no-progress", "--no-baselines", *extra])
 
 
 def _records(results):
@@ -242,7 +273,7 @@ def test_submit_runs_the_grid_for_the_method_and_marks_it(tmp_path, monkeypatch,
     path.write_text((ROOT / "submissions" / "l2_anchor.py").read_text())
     assert _submit(path, results) == 0
     out = capsys.readouterr().out
-    assert "the adapter contract holds" in out and "2 runs of 'l2-anchor' finished" in out
+    assert "the adapter contract holds" in out and "2 runs (2 of 'l2-anchor') finished" in out
     records = _records(results)
     assert [r["spec"]["method"] for r in records] == ["l2-anchor", "l2-anchor"]
     assert {r["spec"]["regime"] for r in records} == {"head", "full"}

@@ -139,6 +139,10 @@ def test_a_view_shows_one_version_and_leaves_out_clashing_cells():
     assert "left out rather than averaged" in notes[1]
     # with the protocol's grid the stale setting is simply not shown
     kept = view_records([rec("a", "1", 1.0), rec("b", "1", 1000.0)], grid={"b"}, log=notes.append)
-    assert [r.run_id for r in kept] == ["b"] and "not in the protocol's grid" in notes[-1]
+    assert [r.run_id for r in kept] == ["b"] and "outside this grid" in notes[-1]
+    # given the grid's specs, the note names the setting that differs
+    kept = view_records([rec("a", "1", 1.0), rec("b", "1", 1000.0)], grid={"b": rec("b", "1", 1000.0).spec},
+                        log=notes.append)
+    assert [r.run_id for r in kept] == ["b"] and "hparams.si_lambda 1.0 vs 1000.0" in notes[-1]
     with pytest.raises(SweepError, match="--protocol-version: protocol 'test' has no records of version '7'"):
         view_records(kept, version="7")

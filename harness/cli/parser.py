@@ -59,6 +59,7 @@ CHECK_EXAMPLES = """examples:
 SUBMIT_EXAMPLES = """examples:
   cl-bench submit submissions/l2_anchor.py --protocol depth-sweep-mini
   cl-bench submit my_method.py --protocol depth-sweep-mini --regimes head,full --orders 2 --jobs 2
+  cl-bench submit my_method.py --protocol depth-sweep-mini --no-baselines   # rank against the records there only
 """
 
 
@@ -132,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The full argument parser (exposed for tests and docs)."""
     fmt = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog="cl-bench", formatter_class=fmt,
-                     description="Continual-learning benchmarks under controlled fine-tuning depth regimes.",
+                     description="Continual-learning benchmarks under controlled fine-tuning regimes "
+                                 "(depth, bitfit, norm, LoRA).",
                      epilog="run `cl-bench COMMAND --help` for a command's options and examples")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _add_run(sub, fmt)
@@ -337,10 +339,15 @@ def _add_reproduce(sub, fmt) -> None:
 def _add_submit(sub, fmt) -> None:
     smt = sub.add_parser("submit", help="check a method file, run a protocol's grid for it, rebuild the leaderboard",
                          epilog=SUBMIT_EXAMPLES, formatter_class=fmt,
-                         description="Run `check` (on the CPU), then the protocol's grid for this method only "
-                                     "(its DEFAULTS as hyperparameters); records carry the file's sha256.")
+                         description="Run `check` (on the CPU), then the protocol's grid with this method added "
+                                     "(its DEFAULTS as hyperparameters): the protocol's own methods (the baselines) "
+                                     "missing from --results run first, under the same --datasets/--regimes/--orders; "
+                                     "the summary and the leaderboard rank the method against every record of that "
+                                     "grid. Its records carry the file's sha256.")
     smt.add_argument("file", metavar="FILE", help="adapter file (.py)")
     add_sweep_flags(smt)
+    smt.add_argument("--no-baselines", dest="baselines", action="store_false",
+                     help="run only this method's runs; rank it against the baseline records already in --results")
 
 
 BUNDLE_EXAMPLES = """examples:

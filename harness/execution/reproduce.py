@@ -13,6 +13,7 @@ provenance are shown as hints, never imported.
 """
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import tempfile
@@ -42,6 +43,54 @@ def reproduce_command(run_id: str, results: str | None = None, record: RunRecord
     if results:
         cmd += ["--results", str(results)]
     return shlex.join(cmd + list(_code_flags(record)))
+
+
+def sweep_command(sweep, results: str, protocol_name: str, records=()) -> str | None:
+    """The shell-quoted `cl-bench run`/`submit` command a record's `provenance["sweep"]` states: the protocol
+    copy in the results folder (protocol_files.py), the filters given, `--method FILE` for each method file of
+    `records` (the sweep's records), the submitted file by its base name. None for an entry that is not one
+    cl-bench writes (a record is data: every value is checked before it is shown)."""
+    from ..config.vocabulary import is_valid_name
+    from .protocol_files import COPY_PATTERN
+
+    if not isinstance(sweep, dict) or sweep.get("command") not in ("run", "submit") or not is_valid_name(protocol_name):
+        return None
+    copy = sweep.get("protocol_file")
+    if not isinstance(copy, str) or not COPY_PATTERN.match(copy):
+        return None
+    cmd = ["cl-bench", sweep["command"]]
+    if sweep["command"] == "submit":
+        cmd.append(_file_name(sweep.get("method_file")))
+    cmd += ["--protocol", str(Path(results) / protocol_name / copy), "--results", str(results)]
+    for key in ("datasets", "regimes", "methods"):
+        names = sweep.get(key)
+        if isinstance(names, list) and names and all(is_valid_name(n) for n in names):
+            cmd += [f"--{key}", ",".join(names)]
+    orders = sweep.get("orders")
+    if isinstance(orders, int) and not isinstance(orders, bool) and orders > 0:
+        cmd += ["--orders", str(orders)]
+    if sweep.get("baselines") is False and sweep["command"] == "submit":
+        cmd.append("--no-baselines")
+    own = _file_name(sweep.get("method_file")) if sweep["command"] == "submit" else None
+    flags = dict.fromkeys(pair for r in records for pair in zip(*[iter(_code_flags(r))] * 2) if pair[1] != own)
+    return shlex.join(cmd + [x for pair in flags for x in pair])
+
+
+def sweep_commands(records, results: str) -> list[str]:
+    """The distinct `run`/`submit` commands that made `records` (each from its `provenance["sweep"]`, with the
+    method files of the records it made): the `run`s first (submissions rank against what they made), each
+    kind in the order of its first record; records without one are left out (the caller shows its fallback)."""
+    groups: dict[str, list] = {}
+    for r in records:
+        entry = (r.provenance or {}).get("sweep")
+        if isinstance(entry, dict):
+            groups.setdefault(json.dumps([r.spec.protocol, entry], sort_keys=True, default=str), []).append(r)
+    out = []
+    for rs in sorted(groups.values(), key=lambda rs: rs[0].provenance["sweep"].get("command") != "run"):
+        cmd = sweep_command(rs[0].provenance["sweep"], results, rs[0].spec.protocol, rs)
+        if cmd and cmd not in out:
+            out.append(cmd)
+    return out
 
 
 def _code_flags(record: RunRecord | None):

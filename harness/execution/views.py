@@ -6,7 +6,9 @@ cell, or two continual-evaluation settings, and each says what it left out.
 """
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import replace
 
 from ..config.errors import SweepError
@@ -23,7 +25,8 @@ def version_key(version: str):
 
 def view_records(records: list, version: str | None = None, grid=None, log=print) -> list:
     """The records of one protocol's view: one version (given, else the newest present), only
-    run ids of `grid` when given, and no cell that holds several records; says what it left out."""
+    run ids of `grid` when given (a set of run ids, or run id -> RunSpec: then the note on a record left out
+    names the spec keys that differ), and no cell that holds several records; says what it left out."""
     say = log  # labels and names come from records: no control or bidi characters reach the terminal
     log = lambda message: say(terminal_safe(message))  # noqa: E731
     by_protocol = defaultdict(list)
@@ -52,12 +55,71 @@ def _one_protocol(name: str, records: list, version, grid, log) -> list:
     if grid is not None:
         stale = [r for r in chosen if r.run_id not in grid]
         chosen = [r for r in chosen if r.run_id in grid]
-        if stale:
-            log(f"note: {len(stale)} records of version {keep} are not in the protocol's grid any more (its "
-                "settings changed without a new version); they are left out")
+        for line in stale_notes(stale, grid, keep):
+            log(line)
     chosen = _one_curve_setting(_one_record_per_cell(chosen, keep, log), keep, log)
     _say_checks_versions(chosen, keep, log)
     return chosen
+
+
+def stale_notes(stale: list, grid, version: str) -> list[str]:
+    """Why records of the shown version are not in `grid` (run ids, or run id -> RunSpec): for a record whose
+    cell the grid holds with another spec, the spec keys that differ (`training.lr 0.05 vs 0.1`); for the
+    others, that their cells are outside the grid. Empty when nothing is left out."""
+    if not stale:
+        return []
+    by_cell = {_spec_cell(s): s for s in grid.values()} if isinstance(grid, Mapping) else {}
+    changed = [(r, by_cell[cell_of(r)]) for r in stale if cell_of(r) in by_cell]
+    outside = [r for r in stale if cell_of(r) not in by_cell]
+    lines = []
+    if changed:
+        diffs = Counter(d for r, spec in changed for d in spec_differences(r.spec.to_dict(), spec.to_dict()))
+        keys = {d.split(" ", 1)[0] for d in diffs}
+        shown = "; ".join(d for d, _ in diffs.most_common(4)) + ("; ..." if len(diffs) > 4 else "")
+        lines.append(f"note: {len(changed)} records of version {version} have settings the protocol's grid no "
+                     f"longer has (record vs grid: {shown}): {_why(keys)}; they are left out")
+    if outside:
+        cells = sorted({f"{r.method} on {r.dataset}/{r.spec.regime}" for r in outside})
+        lines.append(f"note: {len(outside)} records of version {version} are of cells outside this grid "
+                     f"({', '.join(cells[:3])}{', ...' if len(cells) > 3 else ''}: another selection of "
+                     "datasets/regimes/methods/orders, or entries the protocol no longer has); they are left out")
+    return lines
+
+
+def _spec_cell(spec) -> tuple:
+    return (spec.dataset.name, spec.regime, spec.display, spec.order, spec.seed)
+
+
+def _why(keys: set) -> str:
+    """What changed, from the differing spec keys: the protocol's settings, the method's code, the data."""
+    reasons = []
+    if keys - {"method_version", "data_fingerprint", "plugins", "protocol_version"}:
+        reasons.append("the protocol's settings changed without a new version")
+    if "method_version" in keys or "plugins" in keys:
+        reasons.append("the method's or a plug-in's code changed")
+    if "data_fingerprint" in keys:
+        reasons.append("the data changed")
+    return ", or ".join(reasons) or "the spec changed"
+
+
+def spec_differences(record: dict, grid: dict, prefix: str = "") -> list[str]:
+    """`key a vs b` for each (dotted) key whose value differs between two spec dicts, values in short JSON."""
+    out = []
+    for key in sorted(set(record) | set(grid), key=str):
+        a, b = record.get(key, _ABSENT), grid.get(key, _ABSENT)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += spec_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key} {_short(a)} vs {_short(b)}")
+    return out
+
+
+_ABSENT = object()
+
+
+def _short(value) -> str:
+    text = "(absent)" if value is _ABSENT else json.dumps(value, separators=(",", ":"), default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _curve_setting(record) -> tuple:

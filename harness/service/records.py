@@ -6,6 +6,7 @@ record per cell) and says on `log` what it left out.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,8 +207,9 @@ def build_leaderboard(results, protocol_name: str, out: str | None = None, versi
         print(f"leaderboard: no records under {protocol_dir(results, protocol_name)}")
         return None
     target = Path(out) if out else protocol_dir(results, protocol_name) / SITE
-    index = build_site(records, target, results_dir=str(results), include_flagged=include_flagged, rope=rope,
-                       root=_root_of(results, target), force=force or not out)
+    # absolute: the commands the pages show then work from any directory
+    index = build_site(records, target, results_dir=os.path.abspath(results), include_flagged=include_flagged,
+                       rope=rope, root=_root_of(results, target), force=force or not out)
     print(f"leaderboard: {Path(index).resolve()}")
     return Path(index)
 

@@ -53,6 +53,7 @@ class SubmitRequest:
     file: str
     sweep: SweepRequest
     check_device: str = defaults.CHECK_DEVICE
+    baselines: bool = True  # run the protocol's own methods first where their records are missing
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config.errors import SweepError
-from ..config.vocabulary import Status
 from .records import build_leaderboard, print_summary, refuse_record_area
 from .requests import ReproduceRequest, SubmitRequest, SweepRequest
 
@@ -74,12 +73,14 @@ def run(req: SweepRequest, log: Log = print) -> SweepOutcome:
     log(format_plan(protocol, plan, req.results, req.rope))
     if req.dry_run:
         return SweepOutcome(protocol, plan)
-    return _sweep_and_report(req, protocol, plan, _options(req, protocol), log)
+    return _sweep_and_report(req, protocol, plan, _options(req, protocol), log,
+                             provenance=_sweep_entry(req, protocol, "run"))
 
 
 def submit(req: SubmitRequest, log: Log = print) -> SubmitOutcome:
-    """Check a method file; if the contract holds, run its grid under the protocol (records marked
-    with the file's sha256) and rebuild the leaderboard."""
+    """Check a method file; if the contract holds, run the protocol's grid with it added (the baselines first
+    where missing, unless `baselines` is off; its records marked with the file's sha256), then the whole
+    grid's summary and leaderboard."""
     from ..execution.check import check
     from ..execution.submission import prepare
 
@@ -92,17 +93,34 @@ def submit(req: SubmitRequest, log: Log = print) -> SubmitOutcome:
     log(checked.verdict())
     sub = prepare(req.file, s.protocol, s.results, datasets=s.datasets, regimes=s.regimes, orders=s.orders,
                   data_dir=s.data_dir, download=s.download, dry_run=s.dry_run, retry_failed=s.retry_failed,
-                  files=s.plugin_files)
+                  files=s.plugin_files, baselines=req.baselines)
     log(f"\nsubmission {sub.method!r} from {sub.file} (sha256 {sub.info['sha256'][:16]}...)")
     log(format_plan(sub.protocol, sub.plan, s.results, s.rope))
+    log(_baselines_line(sub))
     if s.dry_run:
         return SubmitOutcome(checked, sub.method, SweepOutcome(sub.protocol, sub.plan))
-    outcome = _sweep_and_report(s, sub.protocol, sub.plan, _options(s, sub.protocol, submission=sub.info), log,
-                                of=f" of {sub.method!r}")
+    options = replace(_options(s, sub.protocol, submission=sub.info), submission_method=sub.method)
+    entry = _sweep_entry(s, sub.protocol, "submit", method_file=req.file, baselines=req.baselines)
+    outcome = _sweep_and_report(s, sub.protocol, sub.plan, options, log, grid=sub.grid, of=sub.method,
+                                provenance=entry)
     result = outcome.result
-    errors = () if not result.written or result.statuses.get(Status.OK) else \
-        _distinct_errors(s.results, sub.protocol.name, result.failed_ids)
+    own = [Path(path).stem for path in result.written if Path(path).stem in sub.own_ids()]
+    ok = [rid for rid in own if rid not in set(result.failed_ids)]
+    errors = () if not own or ok else _distinct_errors(s.results, sub.protocol.name, own)
     return SubmitOutcome(checked, sub.method, outcome, errors)
+
+
+def _baselines_line(sub) -> str:
+    """What the submission is ranked against: the baseline records there, and whether the missing ones run."""
+    there, total = sub.baseline_counts()
+    if not total:
+        return "baselines: the protocol has no other method under these filters" + (
+            f"; {len(sub.others)} records of other submitted files are ranked" if sub.others else "")
+    missing = total - there
+    then = ("" if not missing else "; the missing ones run first" if sub.baselines
+            else "; the missing ones are not run (--no-baselines): the ranking uses the records there")
+    others = f"; {len(sub.others)} records of other submitted files are ranked too" if sub.others else ""
+    return f"baselines: {there} of {total} runs of the protocol's own methods are recorded{then}{others}"
 
 
 def reproduce(req: ReproduceRequest) -> Reproduction:
@@ -166,13 +184,38 @@ def _start_workers_early(req: SweepRequest) -> None:
         start_worker_server()
 
 
-def _sweep_and_report(req: SweepRequest, protocol, plan, options, log: Log, of: str = "") -> SweepOutcome:
-    """Run the plan, then the end-of-sweep report, summary table and leaderboard."""
-    result = _run_tracked(plan, protocol, req, options, log)
-    log(f"\n{len(result.written)} runs{of} finished in {result.wall_s:.1f} s "
+def _sweep_entry(req: SweepRequest, protocol, command: str, method_file: str | None = None,
+                 baselines: bool = True) -> dict:
+    """The records' `provenance["sweep"]`: the command, the filters, the copy of the protocol file (written
+    once the sweep has records: `_sweep_and_report`)."""
+    from ..execution.protocol_files import protocol_copy, sweep_provenance
+
+    copy, sha256, _ = protocol_copy(protocol)
+    return {"sweep": sweep_provenance(command, copy, sha256, datasets=req.datasets, regimes=req.regimes,
+                                      methods=req.methods if command == "run" else None, orders=req.orders,
+                                      method_file=method_file, baselines=baselines)}
+
+
+def _sweep_and_report(req: SweepRequest, protocol, plan, options, log: Log, grid: dict | None = None,
+                      of: str = "", provenance: dict | None = None) -> SweepOutcome:
+    """Run the plan (its records carry `provenance`), then the end-of-sweep report, summary table and
+    leaderboard of `grid` (run id -> RunSpec; default the plan's)."""
+    from ..config.text import terminal_safe
+    from ..execution.protocol_files import relative_references, save_protocol_file
+    from ..execution.store import runs_dir
+
+    result = _run_tracked(plan, protocol, req, options, log, provenance)
+    if provenance and (result.written or runs_dir(req.results, protocol.name).is_dir()):
+        copy = save_protocol_file(req.results, protocol)  # the file the records' commands name
+        relative = relative_references(copy.read_bytes())
+        if relative:
+            log(terminal_safe(f"note: {protocol.source} names {', '.join(relative)} relative to its folder; the "
+                              f"copy {copy} resolves them relative to its own: put them beside it to rerun from it"))
+    grid = grid if grid is not None else {s.run_id: s for s in plan.specs}
+    mine = f" ({sum(1 for path in result.written if grid[Path(path).stem].method == of)} of {of!r})" if of else ""
+    log(f"\n{len(result.written)} runs{mine} finished in {result.wall_s:.1f} s "
         f"({_statuses(result.statuses)}); records in {Path(req.results) / protocol.name / 'runs'}")
     _rerun_hint(result, req.results, log)
-    grid = {s.run_id for s in plan.specs}
     print_summary(req.results, protocol.name, protocol.version, grid, include_flagged=req.include_flagged,
                   rope=req.rope)
     site = None
@@ -198,7 +241,7 @@ def _rerun_hint(result, results, log: Log) -> None:
             f"them; one alone, compared with its record: {reproduce_command(run_id, str(results), record)}")
 
 
-def _run_tracked(plan, protocol, req: SweepRequest, options, log: Log):
+def _run_tracked(plan, protocol, req: SweepRequest, options, log: Log, provenance: dict | None = None):
     """run_sweep with the executor the request asks for, mirrored into MLflow unless `mlflow` is off."""
     from ..execution.sweep import run_sweep
     from ..outputs.tracking import make_tracker
@@ -210,7 +253,8 @@ def _run_tracked(plan, protocol, req: SweepRequest, options, log: Log):
             f"(browse: mlflow ui --backend-store-uri {shlex.quote(tracker.uri)})")
     try:
         result = run_sweep(plan, protocol, req.results, options, jobs=req.jobs, executor=executor,
-                           progress=req.progress, on_record=(tracker.log_record,) if tracker else ())
+                           progress=req.progress, on_record=(tracker.log_record,) if tracker else (),
+                           provenance=provenance)
     except BaseException:
         if tracker:
             tracker.abort()

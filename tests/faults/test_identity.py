@@ -211,7 +211,8 @@ def test_a_protocol_edited_without_a_version_bump_is_never_averaged(swept, tmp_p
     edited = tmp_path / "edited.yaml"
     edited.write_text(proto.read_text().replace("lr: 0.05", "lr: 0.01"))  # same name, same version
     code, out, _ = cli("run", "--protocol", edited, "--regimes", "head", "--results", results, *QUIET)
-    assert code == 0 and "not in the protocol's grid any more" in out
+    assert code == 0 and "record vs grid: training.lr 0.05 vs 0.01" in out  # the head record: its setting named
+    assert "are of cells outside this grid" in out  # the full record: not selected by --regimes head
     code, out, _ = cli("leaderboard", "--results", results, "--protocol", "tiny", "--out", tmp_path / "s")
     assert code == 0 and "1 cells hold several records with different settings under version 1" in out
     assert "left out rather than averaged" in out  # before: a warning, and both settings averaged

@@ -26,6 +26,7 @@ class RunOptions:
     # inside a run, and avoids oversubscribing cores (measured: see benchmarks/scaling.py).
     threads: int | None = 1
     submission: dict | None = None  # {"file", "sha256"}: recorded in provenance by `cl-bench submit`
+    submission_method: str | None = None  # the submitted method: only its runs carry `submission` (None: every run)
     timeout: float | None = None  # --run-timeout seconds: implies worker processes (timeout.py)
 
 
@@ -35,7 +36,7 @@ def run_spec(spec: RunSpec, options: RunOptions) -> RunRecord:
 
     return run_one(spec, data_dir=options.data_dir, download=options.download,
                    device=options.device, method_files=options.method_files,
-                   submission=options.submission)
+                   submission=options.submission if options.submission_method in (None, spec.method) else None)
 
 
 def run_in_worker(spec: RunSpec, options: RunOptions) -> RunRecord | None:

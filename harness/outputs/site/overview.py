@@ -12,6 +12,7 @@ from ...analysis.result import AnalysisResult
 from ...analysis.scenarios import ALL
 from ...analysis.tables import headline
 from ...config.vocabulary import FAMILY_DESCRIPTIONS, Status
+from ...execution.reproduce import sweep_commands
 from .. import charts
 from ..charts import records_of
 from . import contributors, sections
@@ -43,6 +44,7 @@ def page(w: SiteWriter, t: AnalysisResult, records) -> Path:
                          for ds, row in status.iterrows()],
         "statuses": list(status.columns),
         "headline": headline(t), "setup": _setup(records, frame),
+        "sweep_commands": sweep_commands(records, w.base["results_dir"]) if w.base["results_dir"] else [],
         "families": sections.families(t, None, w.base["regimes"]),
         "family_descriptions": {f: FAMILY_DESCRIPTIONS.get(f, "") for f in families_in(w.base["regimes"])},
         "power": sections.power(t.power), "bayes_blind": _bayes_blind(t.power),

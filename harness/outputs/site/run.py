@@ -9,7 +9,7 @@ from ...config.metrics import anytime_of_record
 from ...config.numbers import is_number
 from ...config.specs import RunRecord
 from ...config.vocabulary import WARNINGS, Status
-from ...execution.reproduce import reproduce_command
+from ...execution.reproduce import reproduce_command, sweep_commands
 from .. import charts
 from ..formatting import num, slug
 from . import contributors
@@ -24,6 +24,7 @@ def page(w: SiteWriter, rec: RunRecord, dataset: str | None = None) -> Path:
     norms = rec.update_norms or {}
     ctx = {"title": f"run {rid}", "rec": rec, "spec": rec.spec.to_dict(),
            "cmd": reproduce_command(rid, w.base["results_dir"], rec),
+           "sweep_cmd": (sweep_commands([rec], w.base["results_dir"]) or [None])[0] if w.base["results_dir"] else None,
            "method": rec.method, "dataset": rec.dataset if dataset is None else dataset,
            "matrices": _matrices(rec), "metric_rows": _metric_rows(rec), "anytime": _curves(rec, w.base["scale"]),
            "anytime_rows": _anytime_rows(rec),
