@@ -367,8 +367,8 @@ def test_bundling_by_name_takes_the_results_folders_protocol_copy_and_is_determi
     lab = tmp_path / "lab-a"
     shutil.copytree(labs["root"] / "lab-a", lab)
     text = PROTOCOL.encode()
-    (lab / "tiny-labs" / "protocol-files").mkdir()
-    (lab / "tiny-labs" / "protocol-files" / f"{sha256_hex(text)[:16]}.yaml").write_bytes(text)
+    copy = lab / "tiny-labs" / "protocol-files" / f"{sha256_hex(text)[:16]}.yaml"
+    assert copy.read_bytes() == text  # the sweep kept a byte copy of its protocol file, named by content
     out = tmp_path / "again.zip"
     assert main(["bundle", "--results", str(lab), "--protocol", "tiny-labs", "-o", str(out),
                  "--contributor", "Lab <A> & Co"]) == 0
