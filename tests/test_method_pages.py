@@ -286,3 +286,17 @@ def test_each_kind_has_its_label_and_a_list_of_lists_is_one_table():
     view = diagnostic_view(table, {}, n_tasks=2)
     assert view["labels"] == ["t1", "t2"] and not view["has_value"]
     assert [(r["label"], r["values"]) for r in view["rows"]] == [("[0]", [1.0, 2.0]), ("[1]", [3.0, 4.0])]
+
+
+def test_a_record_cannot_rewrite_a_built_ins_description(board, tmp_path):
+    """A built-in's description and reference are the harness's own: another lab's record saying otherwise is
+    not shown."""
+    from harness.api.registry import get_registry
+
+    naive = board["records"]["naive"]
+    forged = replace(naive, provenance={**naive.provenance, "method": {
+        **naive.provenance["method"], "description": "DEPRECATED and known buggy", "reference": "Nobody (2099)"}})
+    build_site([forged], tmp_path / "site")
+    html = _method_page(tmp_path / "site", "naive")
+    assert "DEPRECATED" not in html and "Nobody (2099)" not in html
+    assert get_registry()["naive"].description in html

@@ -4,6 +4,7 @@ One tiny protocol (digits, 2 tasks, one regime, 2 task orders, naive + replay) i
 the DER++ example file, three forward/backward passes per step.
 """
 import csv
+import hashlib
 import json
 import shlex
 import textwrap
@@ -149,13 +150,20 @@ def test_the_protocol_copy_stays_in_its_folder_and_is_written_once(tmp_path):
     assert first.parent == tmp_path / "res" / "p" / "protocol-files"
     with pytest.raises(OutputError, match="cannot name a folder"):
         save_protocol_file(tmp_path / "res", SimpleNamespace(name="../../escape", source=str(source)))
+    loaded = hashlib.sha256(source.read_bytes()).hexdigest()
+    source.write_text("name: p\nversion: '2'\n")  # edited between loading and the sweep's first record
+    with pytest.raises(OutputError, match="changed since the sweep loaded it"):
+        save_protocol_file(tmp_path / "res", protocol, loaded)
     forged = {"command": "run", "protocol_file": "../../../etc/passwd"}
     assert sweep_command(forged, "res", "p") is None
     assert sweep_command({**forged, "protocol_file": "protocol-files/" + "a" * 16 + ".yaml"}, "res", "../x") is None
     good = {"command": "run", "protocol_file": "protocol-files/" + "a" * 16 + ".yaml", "regimes": ["full", "a;b"],
             "orders": 2}
-    assert sweep_command(good, "res", "p") == ("cl-bench run --protocol res/p/protocol-files/" + "a" * 16
-                                               + ".yaml --results res --orders 2")  # a name off the rule is dropped
+    assert sweep_command(good, "res", "p") is None  # without the filter the command would run a larger grid
+    npz = {**good, "regimes": ["full"], "datasets": ["npz:my data;rm.npz"]}
+    assert sweep_command(npz, "res", "p") == ("cl-bench run --protocol res/p/protocol-files/" + "a" * 16
+                                              + ".yaml --results res --datasets 'npz:my data;rm.npz' "
+                                              "--regimes full --orders 2")  # quoted, never dropped
 
 
 def test_the_files_a_protocol_names_relative_to_its_folder_are_found():

@@ -38,10 +38,14 @@ def protocol_copy(protocol) -> tuple[str, str, bytes]:
     return copy_relpath(data), hashlib.sha256(data).hexdigest(), data
 
 
-def save_protocol_file(results: str | Path, protocol) -> Path:
+def save_protocol_file(results: str | Path, protocol, sha256: str | None = None) -> Path:
     """Copy the protocol's loaded file to `<results>/<protocol>/protocol-files/<sha256[:16]>.yaml` (atomic;
-    nothing is written when a copy of the same bytes is there); returns the copy's path."""
-    rel, _, data = protocol_copy(protocol)
+    nothing is written when a copy of the same bytes is there); returns the copy's path. With `sha256` (the
+    hash the sweep's records carry), a file edited since then is refused."""
+    rel, digest, data = protocol_copy(protocol)
+    if sha256 is not None and digest != sha256:
+        raise OutputError(f"{protocol.source}: changed since the sweep loaded it (sha256 {digest[:16]}, was "
+                          f"{sha256[:16]}); run the command again")
     target = safe_target(results, PurePosixPath(protocol.name, rel))  # no link, no `..` below the results folder
     if not (target.is_file() and not target.is_symlink() and target.read_bytes() == data):
         write_atomic(target, data)

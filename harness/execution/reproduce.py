@@ -64,8 +64,11 @@ def sweep_command(sweep, results: str, protocol_name: str, records=()) -> str | 
     cmd += ["--protocol", str(Path(results) / protocol_name / copy), "--results", str(results)]
     for key in ("datasets", "regimes", "methods"):
         names = sweep.get(key)
-        if isinstance(names, list) and names and all(is_valid_name(n) for n in names):
-            cmd += [f"--{key}", ",".join(names)]
+        if names is None:
+            continue
+        if not (isinstance(names, list) and names and all(isinstance(n, str) and _filter_name(n) for n in names)):
+            return None  # a command without this filter would run a larger grid than the one that ran
+        cmd += [f"--{key}", ",".join(names)]
     orders = sweep.get("orders")
     if isinstance(orders, int) and not isinstance(orders, bool) and orders > 0:
         cmd += ["--orders", str(orders)]
@@ -74,6 +77,13 @@ def sweep_command(sweep, results: str, protocol_name: str, records=()) -> str | 
     own = _file_name(sweep.get("method_file")) if sweep["command"] == "submit" else None
     flags = dict.fromkeys(pair for r in records for pair in zip(*[iter(_code_flags(r))] * 2) if pair[1] != own)
     return shlex.join(cmd + [x for pair in flags for x in pair])
+
+
+def _filter_name(name: str) -> bool:
+    """A name a filter may hold: the name rule, or an npz data set's `npz:PATH` (quoted by shlex like the rest)."""
+    from ..config.vocabulary import is_valid_name
+
+    return is_valid_name(name) or (name.startswith("npz:") and "," not in name and name.isprintable())
 
 
 def sweep_commands(records, results: str) -> list[str]:

@@ -187,7 +187,7 @@ def _start_workers_early(req: SweepRequest) -> None:
 def _sweep_entry(req: SweepRequest, protocol, command: str, method_file: str | None = None,
                  baselines: bool = True) -> dict:
     """The records' `provenance["sweep"]`: the command, the filters, the copy of the protocol file (written
-    once the sweep has records: `_sweep_and_report`)."""
+    before the sweep's first record: `_sweep_and_report`)."""
     from ..execution.protocol_files import protocol_copy, sweep_provenance
 
     copy, sha256, _ = protocol_copy(protocol)
@@ -204,13 +204,15 @@ def _sweep_and_report(req: SweepRequest, protocol, plan, options, log: Log, grid
     from ..execution.protocol_files import relative_references, save_protocol_file
     from ..execution.store import runs_dir
 
-    result = _run_tracked(plan, protocol, req, options, log, provenance)
-    if provenance and (result.written or runs_dir(req.results, protocol.name).is_dir()):
-        copy = save_protocol_file(req.results, protocol)  # the file the records' commands name
+    if provenance and (plan.todo or runs_dir(req.results, protocol.name).is_dir()):
+        # before the first record: a record never names a copy that a crash left unwritten, and the copy holds
+        # the bytes whose hash the records carry (an edit since loading is refused, not copied)
+        copy = save_protocol_file(req.results, protocol, provenance["sweep"]["protocol_sha256"])
         relative = relative_references(copy.read_bytes())
         if relative:
             log(terminal_safe(f"note: {protocol.source} names {', '.join(relative)} relative to its folder; the "
                               f"copy {copy} resolves them relative to its own: put them beside it to rerun from it"))
+    result = _run_tracked(plan, protocol, req, options, log, provenance)
     grid = grid if grid is not None else {s.run_id: s for s in plan.specs}
     mine = f" ({sum(1 for path in result.written if grid[Path(path).stem].method == of)} of {of!r})" if of else ""
     log(f"\n{len(result.written)} runs{mine} finished in {result.wall_s:.1f} s "

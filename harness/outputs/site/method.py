@@ -71,7 +71,8 @@ def about(name: str, entry: dict, submission, infos: dict) -> dict:
     if kind == "built-in" and implementation.startswith("sha256:"):  # a built-in is a version, never a hash
         kind = "file"
     recorded = "description" in entry
-    meta = entry if recorded else (infos.get(name, {}) if kind == "built-in" else {})
+    # a built-in's text is this harness's own (its index), never a record's: records are data another lab wrote
+    meta = infos.get(name, {}) if kind == "built-in" else entry if recorded else {}
     submission = submission if isinstance(submission, dict) else {}
     source = _text(submission.get("file") or (entry.get("source") if kind == "file" else ""))
     captions = meta.get("captions") if isinstance(meta.get("captions"), dict) else {}
