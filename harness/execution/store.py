@@ -12,7 +12,20 @@ import numpy as np
 from ..config.files import TMP_MARK, NotRegularFile, ensure_dir, inside, open_regular, write_atomic
 from ..config.metrics import all_metrics, step_forgetting
 from ..config.paths import RUNS
-from ..config.specs import SCHEMA_VERSION, DatasetSpec, RunRecord, RunSpec, TrainingSpec, check_spec_json, run_id_of
+from ..config.specs import (
+    COMPUTE_COUNTS,
+    COMPUTE_MERGE,
+    COMPUTE_PER_TASK,
+    COMPUTE_SECONDS,
+    COMPUTE_VERSION,
+    SCHEMA_VERSION,
+    DatasetSpec,
+    RunRecord,
+    RunSpec,
+    TrainingSpec,
+    check_spec_json,
+    run_id_of,
+)
 from ..config.text import terminal_safe
 from ..config.validate import show
 from ..config.vocabulary import Scenario, Status
@@ -230,6 +243,8 @@ def _measured(data: dict):
     for key, value in data["params"].items():
         yield f"params.{key}", value, (SECONDS if key == "fraction" else COUNT)
     for key, value in data["budget"].items():
+        if key == "compute":  # checked as a whole by _compute_problem
+            continue
         rule = OPTIONAL_COUNT if key in MEMORY else COUNT
         yield from ((name, x, rule) for name, x in _leaves(f"budget.{key}", value))
     for key, value in data["timings"].items():
@@ -262,9 +277,57 @@ def _memory_problem(data: dict) -> str | None:
     return None
 
 
+# Bounds of the compute entries: 2**62 is far above any run's FLOPs (1e18) and keeps them exact integers.
+COMPUTE_LIMIT = 2**62
+BOUNDED = (lambda x: _count(x) and x < COMPUTE_LIMIT, "an integer from 0 to 2**62")
+
+
+def _compute_problem(data: dict) -> str | None:
+    """budget.compute (optional): its keys, integer counts, per-task lists, seconds and sums that agree."""
+    c = data["budget"].get("compute")
+    if c is None:
+        return None
+    if not isinstance(c, dict) or not (_count(c.get("version")) and 1 <= c["version"] <= COMPUTE_VERSION):
+        return f"its budget.compute is not a mapping with a version from 1 to {COMPUTE_VERSION}"
+    allowed = {"version", *COMPUTE_COUNTS, *COMPUTE_PER_TASK, "seconds", "merge", "cuda_peak_bytes"}
+    unknown = sorted(set(c) - allowed, key=str)
+    missing = [k for k in (*COMPUTE_COUNTS, *COMPUTE_PER_TASK, "seconds") if k not in c]
+    if unknown or missing:
+        return f"its budget.compute has {'unknown key ' + show(unknown[0]) if unknown else 'no ' + missing[0]}"
+    T = data["spec"]["dataset"]["n_tasks"]
+    if not all(isinstance(c[k], list) and len(c[k]) <= T for k in COMPUTE_PER_TASK):
+        return f"its budget.compute's {', '.join(COMPUTE_PER_TASK)} are not lists of at most {T} entries"
+    if not isinstance(c["seconds"], dict) or set(c["seconds"]) - set(COMPUTE_SECONDS):
+        return f"its budget.compute.seconds is not a mapping of {', '.join(COMPUTE_SECONDS)}"
+    merge = c.get("merge", {})
+    if not isinstance(merge, dict) or set(merge) - {*COMPUTE_MERGE, "seconds"}:
+        return f"its budget.compute.merge is not a mapping of {', '.join(COMPUTE_MERGE)}, seconds"
+    for name, value, (ok, allowed_values) in _compute_values(c, merge):
+        if not ok(value):
+            return f"its budget.compute.{name} is {show(value)}; allowed: {allowed_values}"
+    if sum(c["forward_per_task"]) != c["forward_samples"] or sum(c["backward_per_task"]) != c["backward_samples"] \
+            or c["forward_flops"] + c["backward_flops"] != c["flops"]:
+        return "its budget.compute's totals do not add up (per-task passes, forward + backward FLOPs)"
+    return None
+
+
+def _compute_values(c: dict, merge: dict):
+    """(name, value, rule) of every number in budget.compute."""
+    for key in COMPUTE_COUNTS:
+        yield key, c[key], BOUNDED
+    if "cuda_peak_bytes" in c:
+        yield "cuda_peak_bytes", c["cuda_peak_bytes"], BOUNDED
+    for key in COMPUTE_PER_TASK:
+        yield from ((name, x, BOUNDED) for name, x in _leaves(key, c[key]))
+    for key, value in c["seconds"].items():
+        yield f"seconds.{key}", value, SECONDS
+    for key, value in merge.items():
+        yield f"merge.{key}", value, SECONDS if key == "seconds" else BOUNDED
+
+
 def _range_problem(data: dict) -> str | None:
     """The first measured number (not a metric) out of its range, named by its field, or None."""
-    memory = _memory_problem(data)
+    memory = _memory_problem(data) or _compute_problem(data)
     if memory:
         return memory
     for name, value, (ok, allowed) in _measured(data):

@@ -29,7 +29,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
-COMPUTE_VERSION = 1
+from ..config.specs import COMPUTE_VERSION
+
 # Benchmarks and tests switch accounting off in-process to compare runs with and without it.
 ENABLED = True
 TRAIN, MERGE = "train", "merge"
