@@ -41,9 +41,11 @@ _CACHE_LIMIT = 64
 
 
 class _FlopCount(TorchDispatchMode):
-    """FlopCounterMode's count (its registry of per-operator formulas) without its module tracker, whose
-    global module hooks would see every module, and without the torch._dynamo import that every
-    TorchDispatchMode subclass triggers on its first call unless it opts out, as here."""
+    """FlopCounterMode's count (its registry of per-operator formulas, its decomposition rule) without its module
+    tracker, whose global module hooks would see every module of the process while it counts; and without the
+    torch._dynamo wrapper every TorchDispatchMode subclass gets unless it opts out, as here. (The meta backend's
+    own decompositions use torch._dynamo, which Avalanche has imported in every harness process before any run:
+    a measurement imports no module, tests/test_compute.py.)"""
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
