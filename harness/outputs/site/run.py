@@ -130,7 +130,19 @@ def _budget_rows(budget: dict) -> dict:
               "stages": _stages(_at(per[2], t)), "memory_samples": _at(per[3], t), "memory_bytes": _at(per[4], t)}
              for t in range(max(map(len, per)))]
     return {"steps": budget.get("optimizer_steps"), "samples": budget.get("samples_seen"), "tasks": tasks,
-            "memory": bool(per[3] or per[4])}
+            "memory": bool(per[3] or per[4]), "compute": _compute_rows(budget.get("compute"), len(tasks))}
+
+
+def _compute_rows(c, n_tasks: int) -> dict | None:
+    """budget.compute as the run page shows it (None: not measured); per task forward and backward passes."""
+    if not isinstance(c, dict):
+        return None
+    fwd, bwd = (c.get(k) if isinstance(c.get(k), list) else [] for k in ("forward_per_task", "backward_per_task"))
+    merge = c.get("merge") if isinstance(c.get("merge"), dict) else None
+    return {"forward": c.get("forward_samples"), "backward": c.get("backward_samples"), "flops": c.get("flops"),
+            "peak_rss": c.get("peak_rss_bytes"), "cuda_peak": c.get("cuda_peak_bytes"),
+            "seconds": c.get("seconds") if isinstance(c.get("seconds"), dict) else {}, "merge": merge,
+            "per_task": [(_at(fwd, t), _at(bwd, t)) for t in range(max(n_tasks, len(fwd)))]}
 
 
 def _stages(epochs) -> str:
