@@ -8,7 +8,8 @@ python benchmarks/compute_cost.py [--protocol depth-sweep-mini] [--dataset digit
    and without, back to back in one process, the order alternating from pair to pair so that a busy shared
    machine slows both sides alike, after one warm-up pair per method. Printed: per method the median ratio
    on/off over `--repeats` pairs and its range, overall the median ratio, the total ratio (sum on / sum off)
-   and the accounting's own measured seconds (the FLOP measurement; the hooks' share is in the ratio only).
+   CPU-time ratios (process time: less moved by neighbours; "min": fastest run on / fastest off), and the
+   accounting's own measured seconds (the FLOP measurement; the hooks' share is in the ratios only).
    The records on and off must be equal but for budget.compute and the timings; a difference exits 1.
 2. Figures: every built-in method of the registry (its defaults) on the same cell, one run each with
    accounting: optimizer steps, samples seen, forward and backward sample-passes, passes per step, training
@@ -36,9 +37,9 @@ def _timed(spec, enabled: bool):
 
     compute.ENABLED = enabled
     try:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         record = run_one(spec, device="cpu")
-        return record, time.perf_counter() - t0
+        return record, time.perf_counter() - t0, time.process_time() - c0
     finally:
         compute.ENABLED = True
 
@@ -58,25 +59,34 @@ def cell_specs(protocol_name: str, dataset: str, regime: str) -> list:
 
 def cost(specs, repeats: int) -> bool:
     """Print the wall cost of the accounting; False when a record differs with and without it."""
-    ratios, on_total, off_total, accounting, same = {}, 0.0, 0.0, 0.0, True
+    times, accounting, same = {}, 0.0, True  # label -> {enabled: [(wall, cpu)]}
     for spec in specs:  # warm-up: the first run of each method pays imports and caches
         _timed(spec, True), _timed(spec, False)
     for i in range(repeats):
         for j, spec in enumerate(specs):
             sides = (True, False) if (i + j) % 2 == 0 else (False, True)
             got = {enabled: _timed(spec, enabled) for enabled in sides}
-            (on, on_s), (off, off_s) = got[True], got[False]
-            same &= _without_compute(on) == _without_compute(off)
-            ratios.setdefault(spec.label or spec.method, []).append(on_s / off_s)
-            on_total, off_total = on_total + on_s, off_total + off_s
-            accounting += on.budget["compute"]["seconds"]["accounting"]
-    print(f"accounting cost, {len(specs)} runs x {repeats} pairs (on = with accounting, off = without):")
-    for label, rs in ratios.items():
-        print(f"  {label:<12} median on/off {statistics.median(rs):.3f}  range {min(rs):.3f}-{max(rs):.3f}")
-    every = [r for rs in ratios.values() for r in rs]
-    print(f"  overall: median on/off {statistics.median(every):.3f}, total {on_total:.2f} s / {off_total:.2f} s = "
-          f"{on_total / off_total:.3f}; FLOP measurement {accounting:.3f} s "
-          f"({100 * accounting / on_total:.2f} % of the on side)")
+            same &= _without_compute(got[True][0]) == _without_compute(got[False][0])
+            mine = times.setdefault(spec.label or spec.method, {True: [], False: []})
+            for enabled in sides:
+                mine[enabled].append(got[enabled][1:])
+            accounting += got[True][0].budget["compute"]["seconds"]["accounting"]
+    print(f"accounting cost, {len(specs)} runs x {repeats} pairs (on = with accounting, off = without; wall and "
+          "process CPU seconds; 'min' = fastest on / fastest off, the figure least moved by a busy machine):")
+    for label, t in times.items():
+        wall = [a[0] / b[0] for a, b in zip(t[True], t[False])]
+        cpu_min = min(c for _, c in t[True]) / min(c for _, c in t[False])
+        print(f"  {label:<12} wall median on/off {statistics.median(wall):.3f} (range {min(wall):.3f}-{max(wall):.3f})"
+              f"  cpu min {cpu_min:.3f}")
+    on = [x for t in times.values() for x in t[True]]
+    off = [x for t in times.values() for x in t[False]]
+    on_wall, off_wall = sum(w for w, _ in on), sum(w for w, _ in off)
+    on_min = sum(min(c for _, c in t[True]) for t in times.values())
+    off_min = sum(min(c for _, c in t[False]) for t in times.values())
+    print(f"  overall: wall total {on_wall:.2f} s / {off_wall:.2f} s = {on_wall / off_wall:.3f}; cpu total "
+          f"{sum(c for _, c in on) / sum(c for _, c in off):.3f}; sum of per-method fastest cpu {on_min:.2f} s / "
+          f"{off_min:.2f} s = {on_min / off_min:.3f}; FLOP measurement {accounting:.3f} s "
+          f"({100 * accounting / on_wall:.2f} % of the on side)")
     print(f"  records equal with and without accounting (but budget.compute, timings): {same}")
     return same
 
@@ -90,7 +100,7 @@ def figures(base) -> None:
         if adapter.source != "built-in":
             continue
         spec = dataclasses.replace(base, method=name, label="", hparams={}, method_version=adapter.implementation)
-        record, wall = _timed(spec, True)
+        record, wall, _cpu = _timed(spec, True)
         c = record.budget.get("compute")
         if name == "naive" and c:
             naive_flops = c["flops"]

@@ -34,7 +34,9 @@ from ..config.specs import COMPUTE_VERSION
 # Benchmarks and tests switch accounting off in-process to compare runs with and without it.
 ENABLED = True
 TRAIN, MERGE = "train", "merge"
-PATHS = ("full", "features", "suffix", "prefix", "backward")
+# per task: rows of whole-model calls, backbone passes (in calls or alone), cached-suffix passes, cached-prefix
+# rows and backward rows
+PATHS = ("full", "backbone", "suffix", "prefix", "backward")
 WHAT_FLOPS_COUNT = "matmul/conv/attention FLOPs (torch.utils.flop_counter formulas); element-wise ops not counted"
 _FLOPS_CACHE: dict = {}  # structural key -> per-sample FLOPs; same structure, same numbers (deterministic)
 _CACHE_LIMIT = 64
@@ -132,24 +134,22 @@ def _marked(hook):
 
 
 def install_hooks(meter: ComputeMeter, model) -> list:
-    """The meter's hooks: plain functions (a deep copy of the model shares them and counts into the same meter
-    while a stage is on). The root model's pre/post hooks count its forward calls; the last block's counts a
-    backbone pass that is not inside one (`model.features(x)`: GPM's activations, prototypes, BatchNorm
-    re-estimation)."""
-    def before(module, args):
-        meter.depth += 1
-
+    """The meter's two forward hooks: plain functions (a deep copy of the model shares them and counts into the
+    same meter while a stage is on). The last block's counts every backbone pass (inside a model call or
+    `model.features(x)`: GPM's activations, prototypes, BatchNorm re-estimation); the root model's counts the
+    calls that reached the heads (and watches their backward). A backbone pass that no model call followed is a
+    features-only pass (as_json: backbone − full)."""
     def after(module, args, output):
-        meter.depth -= 1
-        if meter.stage is not None and output is not None:
+        if meter.stage is not None:
             meter.count("full", output)
 
     def features(module, args, output):
         if meter.stage is not None and meter.depth == 0:
-            meter.count("features", output)
+            per_task = meter.counts[meter.stage]
+            if per_task:
+                per_task[-1]["backbone"] += output.shape[0] if isinstance(output, torch.Tensor) else 0
 
-    handles = [model.register_forward_pre_hook(_marked(before)),
-               model.register_forward_hook(_marked(after), always_call=True)]
+    handles = [model.register_forward_hook(_marked(after))]
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, torch.nn.ModuleDict) and len(blocks):
         handles.append(list(blocks.values())[-1].register_forward_hook(_marked(features)))
@@ -158,6 +158,8 @@ def install_hooks(meter: ComputeMeter, model) -> list:
 
 def _rows(output) -> tuple[int, list]:
     """(rows, tensors a backward pass can reach) of a model output: a tensor or a dict of head outputs."""
+    if type(output) is torch.Tensor and output.dim():  # the common case, first
+        return output.shape[0], ([output] if output.requires_grad else [])
     tensors = list(output.values()) if isinstance(output, dict) else [output]
     tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
     if not tensors or tensors[0].dim() == 0:
@@ -178,13 +180,13 @@ class ComputeMeter:
         self.seconds = {TRAIN: 0.0, MERGE: 0.0, "accounting": 0.0}
         self.merge_ops: int | None = None
         self.merged = False  # the harness evaluated another model than the trained one (a merge) at least once
-        self.depth = 0  # > 0 inside a root-model call, or inside the prefix cache's own passes
+        self.depth = 0  # > 0 inside the prefix cache's own passes (counted by it)
         self._handles = install_hooks(self, model)
         _reset_peak_memory(self.device)
 
     # -- counting (runs on every forward: keep it short) --
     def count(self, path: str, output) -> None:
-        """Rows of one pass on `path` (full, features, suffix); a backward pass reaching its output counts too."""
+        """Rows of one pass on `path` (full, suffix); a backward pass reaching its output counts too."""
         rows, grads = _rows(output)
         per_task = self.counts[self.stage]
         if not per_task:
@@ -271,7 +273,7 @@ class ComputeMeter:
             fps = self.per_sample[t]
             blocks, head = fps["blocks"], fps["head"]
             start = self.suffix_start.get(t, len(blocks))
-            fwd += c["full"] * (sum(blocks) + head) + c["features"] * sum(blocks) \
+            fwd += c["full"] * (sum(blocks) + head) + _features_only(c) * sum(blocks) \
                 + c["suffix"] * (sum(blocks[start:]) + head) + c["prefix"] * sum(blocks[:start])
             bwd += c["backward"] * fps["backward"]
         return {"forward": fwd, "backward": bwd}
@@ -305,9 +307,14 @@ class ComputeMeter:
         return out
 
 
+def _features_only(counts: dict) -> int:
+    """Backbone passes no model call followed (`model.features(x)`); a model without blocks has none."""
+    return max(counts["backbone"] - counts["full"], 0)
+
+
 def _forward(counts: dict) -> int:
     """Forward sample-passes: through the whole model, the backbone alone, or the trainable suffix (cached)."""
-    return counts["full"] + counts["features"] + counts["suffix"]
+    return counts["full"] + _features_only(counts) + counts["suffix"]
 
 
 def _synchronize(device) -> None:
