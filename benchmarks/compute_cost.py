@@ -70,7 +70,7 @@ def cost(specs, repeats: int) -> bool:
             mine = times.setdefault(spec.label or spec.method, {True: [], False: []})
             for enabled in sides:
                 mine[enabled].append(got[enabled][1:])
-            accounting += got[True][0].budget["compute"]["seconds"]["accounting"]
+            accounting += got[True][0].timings["accounting_s"]
     print(f"accounting cost, {len(specs)} runs x {repeats} pairs (on = with accounting, off = without; wall and "
           "process CPU seconds; 'min' = fastest on / fastest off, the figure least moved by a busy machine):")
     for label, t in times.items():
@@ -114,14 +114,14 @@ def figures(base) -> None:
         if not c or record.status != "ok":
             print(f"  {name:<16}{record.status:<9}{(record.error or 'not measured')[:100]}")
             continue
-        merge = c.get("merge", {})
+        merge, t, memory = c.get("merge", {}), record.timings, record.provenance.get("memory", {})
         steps = b.get("optimizer_steps") or 0
         rel = f"{c['flops'] / naive_flops:.2f}" if naive_flops else "n/a"
         ops = merge.get("element_ops")
         print(f"  {name:<16}{record.status:<9}{steps:>6}{b.get('samples_seen', 0):>9}{c['forward_samples']:>9}"
               f"{c['backward_samples']:>9}{c['forward_samples'] / steps if steps else float('nan'):>9.1f}"
-              f"{c['flops'] / 1e9:>9.3f}{rel:>8}{c['peak_rss_bytes'] / 2**20:>8.0f}Mi"
-              f"{c['seconds']['train']:>8.2f}{c['seconds']['eval']:>7.2f}{merge.get('seconds', 0.0):>8.3f}"
+              f"{c['flops'] / 1e9:>9.3f}{rel:>8}{memory.get('peak_rss_bytes', 0) / 2**20:>8.0f}Mi"
+              f"{t['train_s']:>8.2f}{t['eval_s']:>7.2f}{t.get('merge_s', 0.0):>8.3f}"
               f"{'' if ops is None else f'{ops:,}':>11}")
 
 

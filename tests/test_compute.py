@@ -94,7 +94,7 @@ def test_meter_counts_rows_of_forward_and_backward_and_pauses():
             net(torch.zeros(100, 8), 0)  # the harness's own evaluation: not counted
     net(torch.zeros(50, 8), 0)  # outside any stage
     meter.close()
-    out = meter.as_json(eval_s=0.0)
+    out = meter.as_json()
     assert out["forward_samples"] == 5 + 7 + 3 and out["backward_samples"] == 5
     f = flops_per_sample(net, (8,))
     assert out["forward_flops"] == 12 * (sum(f["blocks"]) + f["head"]) + 3 * sum(f["blocks"])
@@ -165,6 +165,13 @@ def _without_compute(record) -> dict:
     return {k: v for k, v in data.items() if k not in ("timings", "provenance")}
 
 
+def test_compute_is_the_same_in_every_run_of_a_spec():
+    """Deterministic entries only in the budget (records compare equal but for timings and provenance)."""
+    a, b = _run(make_spec(method="gpm")), _run(make_spec(method="gpm"))
+    assert a.budget == b.budget and "compute" in a.budget
+    assert a.provenance["memory"]["peak_rss_bytes"] > 0 and a.timings["accounting_s"] >= 0
+
+
 @pytest.mark.parametrize("method,regime,hparams", [
     ("gpm", "last-1", {}), ("became", "last-1", {}), ("magmax", "full", {}), ("der", "last-1", {}),
     ("replay", "last-1", {}), ("lwf", "head", {})])
@@ -178,10 +185,10 @@ def test_records_are_identical_without_accounting(monkeypatch, method, regime, h
 
 
 def test_a_merge_is_counted():
-    c = _run(make_spec(method="magmax", regime="full")).budget["compute"]
     # one merge per task after the first (θ0 = task 1): τ and its fold-in, λ and θ0: 4 ops per merged element
     merged = sum(p.numel() for n, p in _digits_mlp().named_parameters() if n.startswith("blocks"))
-    assert c["merge"]["element_ops"] == 4 * merged * 4 and c["merge"]["seconds"] > 0
+    record = _run(make_spec(method="magmax", regime="full"))
+    assert record.budget["compute"]["merge"]["element_ops"] == 4 * merged * 4 and record.timings["merge_s"] > 0
 
 
 def _digits_mlp():
@@ -197,13 +204,15 @@ def _digits_mlp():
 def _record_json(**compute_entry):
     spec = make_spec()
     c = {"version": 1, "forward_samples": 10, "backward_samples": 6, "prefix_samples": 0, "flops": 30,
-         "forward_flops": 20, "backward_flops": 10, "peak_rss_bytes": 1 << 20, "forward_per_task": [4, 6],
-         "backward_per_task": [2, 4], "forward_flops_per_sample": [2, 2], "backward_flops_per_sample": [1, 1],
-         "seconds": {"train": 0.5, "eval": 0.1, "merge": 0.0, "accounting": 0.001}}
+         "forward_flops": 20, "backward_flops": 10, "forward_per_task": [4, 6],
+         "backward_per_task": [2, 4], "forward_flops_per_sample": [2, 2], "backward_flops_per_sample": [1, 1]}
+    memory = compute_entry.pop("memory", {"peak_rss_bytes": 1 << 20})
     c.update(compute_entry)
     c = {k: v for k, v in c.items() if v is not None}
     return record_from({"spec": spec.to_dict(), "run_id": spec.run_id, "status": "failed", "error": "x",
-                        "budget": {"compute": c}, "schema_version": SCHEMA_VERSION}).to_dict()
+                        "budget": {"compute": c}, "schema_version": SCHEMA_VERSION,
+                        "timings": {"merge_s": 0.1, "accounting_s": 0.01},
+                        "provenance": {"memory": memory}}).to_dict()
 
 
 def test_store_accepts_a_record_with_compute_and_one_without():
@@ -215,10 +224,11 @@ def test_store_accepts_a_record_with_compute_and_one_without():
 
 @pytest.mark.parametrize("entry,needle", [
     ({"version": 2}, "version"), ({"forward_samples": -1}, "forward_samples"), ({"flops": True}, "flops"),
-    ({"flops": 2**70}, "flops"), ({"surprise": 1}, "unknown key"), ({"peak_rss_bytes": None}, "no peak_rss_bytes"),
-    ({"forward_per_task": [4, 6, 1, 1, 1, 1]}, "at most"), ({"seconds": {"train": -1.0}}, "seconds.train"),
-    ({"forward_samples": 11}, "add up"), ({"merge": {"element_ops": 1.5}}, "merge.element_ops"),
-    ({"seconds": {"train": float("nan")}}, "seconds.train")])
+    ({"flops": 2**70}, "flops"), ({"surprise": 1}, "unknown key"), ({"prefix_samples": None}, "no prefix_samples"),
+    ({"forward_per_task": [4, 6, 1, 1, 1, 1]}, "at most"), ({"forward_samples": 11}, "add up"),
+    ({"merge": {"element_ops": 1.5}}, "merge.element_ops"), ({"merge": {"seconds": 1.0}}, "merge is not"),
+    ({"memory": {"peak_rss_bytes": -5}}, "provenance.memory.peak_rss_bytes"),
+    ({"memory": {"peak_rss_bytes": 1, "host": "x"}}, "provenance.memory is not")])
 def test_store_refuses_a_damaged_compute_entry(entry, needle):
     problem = validate_record(_record_json(**entry))
     assert problem is not None and needle in problem.reason
@@ -229,11 +239,12 @@ def test_store_refuses_a_damaged_compute_entry(entry, needle):
 
 def _cell_record(regime, method, order, flops):
     c = None if flops is None else {"version": 1, "forward_samples": flops // 10, "backward_samples": flops // 10,
-                                    "flops": flops, "peak_rss_bytes": 1000}
+                                    "flops": flops}
     budget = {"optimizer_steps": 100, "samples_seen": 3200, **({"compute": c} if c else {})}
     return record_from({"run_id": f"{regime}-{method}-{order}",
                         "spec": {"regime": regime, "label": method, "order": order},
-                        "metrics": {"acc": 0.5 + 0.1 * order, "forgetting": 0.1}, "budget": budget})
+                        "metrics": {"acc": 0.5 + 0.1 * order, "forgetting": 0.1}, "budget": budget,
+                        "provenance": {"memory": {"peak_rss_bytes": 1000}} if c else {}})
 
 
 def _grid(flops):
@@ -287,3 +298,15 @@ def test_export_carries_the_compute_columns(tmp_path):
     by = {r["method"]: r for r in rows}
     assert float(by["naive"]["flops"]) == 1000 and by["old"]["flops"] == ""  # not measured: empty, never 0
     assert float(by["naive"]["sample_passes"]) == 200 and float(by["naive"]["peak_rss_bytes"]) == 1000
+
+
+def test_report_has_a_compute_table_only_with_measurements():
+    from harness.outputs.report import report_latex, report_markdown
+
+    measured = analyse(_grid({("head", "naive"): 1000, ("head", "derpp"): 3000, ("head", "old"): None}))
+    md = report_markdown(measured)
+    assert "Training compute, FLOPs relative to naive" in md
+    assert "| derpp | 3.0× |" in md and "| old | not measured |" in md and "| naive | 1.0× |" in md
+    assert r"derpp & 3.0$\times$ \\" in report_latex(measured)
+    old = analyse(_grid({("head", "naive"): None, ("head", "derpp"): None}))
+    assert "Training compute" not in report_markdown(old) and "Training compute" not in report_latex(old)

@@ -95,7 +95,7 @@ def _row(rec: RunRecord) -> dict:
         # what the method keeps between tasks after the last one (MemoryHook); NaN when it declares nothing
         "memory_samples": _last(budget.get("memory_samples")),
         "memory_bytes": _last(budget.get("memory_bytes")),
-        **_compute(budget.get("compute")),
+        **_compute(budget.get("compute"), rec.timings or {}, (rec.provenance or {}).get("memory")),
         "n_warnings": len(rec.warnings or []),
         "warning_codes": ",".join(warning_codes(rec.warnings)),
         "flagged": rec.flagged,
@@ -104,14 +104,15 @@ def _row(rec: RunRecord) -> dict:
     }
 
 
-def _compute(c) -> dict:
-    """The record's compute columns; every one NaN without budget.compute (not measured)."""
+def _compute(c, timings: dict, memory) -> dict:
+    """The record's compute columns (budget.compute; peak memory from provenance.memory, the merge's seconds from
+    timings); every one NaN without budget.compute (not measured)."""
     if not isinstance(c, dict):
         return dict.fromkeys(COMPUTE_COLUMNS, math.nan)
     fwd, bwd = _num(c.get("forward_samples")), _num(c.get("backward_samples"))
-    merge = c.get("merge") if isinstance(c.get("merge"), dict) else {}
+    memory = memory if isinstance(memory, dict) else {}
     return {"forward_samples": fwd, "backward_samples": bwd, "sample_passes": fwd + bwd, "flops": _num(c.get("flops")),
-            "peak_rss_bytes": _num(c.get("peak_rss_bytes")), "merge_s": _num(merge.get("seconds", 0.0))}
+            "peak_rss_bytes": _num(memory.get("peak_rss_bytes")), "merge_s": _num(timings.get("merge_s", 0.0))}
 
 
 def _anytime(rec: RunRecord) -> dict:

@@ -29,10 +29,11 @@ SCHEMA_VERSION = 7
 COMPUTE_VERSION = 1
 # Its keys: counts (integers >= 0), per-task counts, seconds, and the optional merge and CUDA entries.
 COMPUTE_COUNTS = ("forward_samples", "backward_samples", "prefix_samples", "flops", "forward_flops",
-                  "backward_flops", "peak_rss_bytes")
+                  "backward_flops")
 COMPUTE_PER_TASK = ("forward_per_task", "backward_per_task", "forward_flops_per_sample", "backward_flops_per_sample")
-COMPUTE_SECONDS = ("train", "eval", "merge", "accounting")
 COMPUTE_MERGE = ("forward_samples", "backward_samples", "flops", "element_ops")
+# provenance["memory"] (varies between runs of one spec, like the host): peak host RSS, CUDA peak allocated
+MEMORY_PEAKS = ("peak_rss_bytes", "cuda_peak_bytes")
 
 
 @dataclass(frozen=True)
@@ -284,8 +285,9 @@ class RunRecord:
              both absent for a method that declares nothing; "compute" (COMPUTE_VERSION, optional: absent in
              older records, shown "not measured"): {"version", forward/backward/prefix sample-passes, FLOPs
              (total, forward, backward), per-task passes and FLOPs per sample, "peak_rss_bytes",
-             "cuda_peak_bytes" (CUDA runs), "seconds": {train, eval, merge, accounting}, "merge": {passes,
-             flops, seconds, element_ops} (methods that evaluate a merged model)} (harness/run/compute.py).
+             "merge": {passes, flops, element_ops} (methods that evaluate a merged model)}
+             (harness/run/compute.py); what varies between runs of one spec is elsewhere: timings.merge_s and
+             accounting_s, provenance.memory {"peak_rss_bytes", "cuda_peak_bytes" (CUDA runs)}.
     checks: what the learning checks measured (chance level of the head, in class-IL also the
             within-task chance `task_chance`; linear-probe accuracy, the trained model's accuracy
             where another model is evaluated, and first/last training loss per task; see

@@ -16,8 +16,8 @@ from ..config.specs import (
     COMPUTE_COUNTS,
     COMPUTE_MERGE,
     COMPUTE_PER_TASK,
-    COMPUTE_SECONDS,
     COMPUTE_VERSION,
+    MEMORY_PEAKS,
     SCHEMA_VERSION,
     DatasetSpec,
     RunRecord,
@@ -283,25 +283,30 @@ BOUNDED = (lambda x: _count(x) and x < COMPUTE_LIMIT, "an integer from 0 to 2**6
 
 
 def _compute_problem(data: dict) -> str | None:
-    """budget.compute (optional): its keys, integer counts, per-task lists, seconds and sums that agree."""
+    """budget.compute (optional): its keys, integer counts, per-task lists and sums that agree; and
+    provenance.memory (optional): bounded byte counts."""
+    memory = data["provenance"].get("memory")
+    if memory is not None:
+        if not isinstance(memory, dict) or set(memory) - set(MEMORY_PEAKS):
+            return f"its provenance.memory is not a mapping of {', '.join(MEMORY_PEAKS)}"
+        bad = next((k for k, v in memory.items() if not BOUNDED[0](v)), None)
+        if bad:
+            return f"its provenance.memory.{bad} is {show(memory[bad])}; allowed: {BOUNDED[1]}"
     c = data["budget"].get("compute")
     if c is None:
         return None
     if not isinstance(c, dict) or not (_count(c.get("version")) and 1 <= c["version"] <= COMPUTE_VERSION):
         return f"its budget.compute is not a mapping with a version from 1 to {COMPUTE_VERSION}"
-    allowed = {"version", *COMPUTE_COUNTS, *COMPUTE_PER_TASK, "seconds", "merge", "cuda_peak_bytes"}
-    unknown = sorted(set(c) - allowed, key=str)
-    missing = [k for k in (*COMPUTE_COUNTS, *COMPUTE_PER_TASK, "seconds") if k not in c]
+    unknown = sorted(set(c) - {"version", *COMPUTE_COUNTS, *COMPUTE_PER_TASK, "merge"}, key=str)
+    missing = [k for k in (*COMPUTE_COUNTS, *COMPUTE_PER_TASK) if k not in c]
     if unknown or missing:
         return f"its budget.compute has {'unknown key ' + show(unknown[0]) if unknown else 'no ' + missing[0]}"
     T = data["spec"]["dataset"]["n_tasks"]
     if not all(isinstance(c[k], list) and len(c[k]) <= T for k in COMPUTE_PER_TASK):
         return f"its budget.compute's {', '.join(COMPUTE_PER_TASK)} are not lists of at most {T} entries"
-    if not isinstance(c["seconds"], dict) or set(c["seconds"]) - set(COMPUTE_SECONDS):
-        return f"its budget.compute.seconds is not a mapping of {', '.join(COMPUTE_SECONDS)}"
     merge = c.get("merge", {})
-    if not isinstance(merge, dict) or set(merge) - {*COMPUTE_MERGE, "seconds"}:
-        return f"its budget.compute.merge is not a mapping of {', '.join(COMPUTE_MERGE)}, seconds"
+    if not isinstance(merge, dict) or set(merge) - set(COMPUTE_MERGE):
+        return f"its budget.compute.merge is not a mapping of {', '.join(COMPUTE_MERGE)}"
     for name, value, (ok, allowed_values) in _compute_values(c, merge):
         if not ok(value):
             return f"its budget.compute.{name} is {show(value)}; allowed: {allowed_values}"
@@ -315,14 +320,10 @@ def _compute_values(c: dict, merge: dict):
     """(name, value, rule) of every number in budget.compute."""
     for key in COMPUTE_COUNTS:
         yield key, c[key], BOUNDED
-    if "cuda_peak_bytes" in c:
-        yield "cuda_peak_bytes", c["cuda_peak_bytes"], BOUNDED
     for key in COMPUTE_PER_TASK:
         yield from ((name, x, BOUNDED) for name, x in _leaves(key, c[key]))
-    for key, value in c["seconds"].items():
-        yield f"seconds.{key}", value, SECONDS
     for key, value in merge.items():
-        yield f"merge.{key}", value, SECONDS if key == "seconds" else BOUNDED
+        yield f"merge.{key}", value, BOUNDED
 
 
 def _range_problem(data: dict) -> str | None:

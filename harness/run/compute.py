@@ -14,9 +14,14 @@
   then multiplied by the counted passes.
 - Peak memory: the process's peak resident set (VmHWM, reset at the run's start through
   /proc/self/clear_refs) and, on CUDA, torch.cuda.max_memory_allocated.
-- Seconds per stage: training, evaluation, merge (building the evaluated model) and the accounting itself.
+- Seconds per stage: training and evaluation (record.timings.train_s, eval_s, as before), the merge (building the
+  evaluated model: timings.merge_s) and the accounting itself (timings.accounting_s); on CUDA the training stage
+  ends with a synchronize, so its seconds include the device work it queued.
 
-Layout (version 1) in `record.budget["compute"]`: see `ComputeMeter.as_json`.
+Where: what the spec, code and data determine goes to `record.budget["compute"]` (version 1, `as_json`): equal
+in every run of a spec, like the rest of the budget. What varies between such runs goes where the record keeps
+such values: seconds to `record.timings` (`timings()`), peak memory to `record.provenance["memory"]`
+(`memory()`), both left out when records are compared (reproduce, isolation checks).
 """
 from __future__ import annotations
 
@@ -181,6 +186,7 @@ class ComputeMeter:
         self.merge_ops: int | None = None
         self.merged = False  # the harness evaluated another model than the trained one (a merge) at least once
         self.depth = 0  # > 0 inside the prefix cache's own passes (counted by it)
+        self._trainable, self._measured = None, None  # the last trainable set measured, and its FLOPs per sample
         self._handles = install_hooks(self, model)
         _reset_peak_memory(self.device)
 
@@ -233,7 +239,10 @@ class ComputeMeter:
         self.task += 1
         for per_task in self.counts.values():
             per_task.append(dict.fromkeys(PATHS, 0))
-        self.per_sample.append(flops_per_sample(model, self.input_shape))
+        trainable = tuple(p.requires_grad for p in model.parameters())
+        if trainable != self._trainable:  # the structure is the run's; only the trainable set may change
+            self._trainable, self._measured = trainable, flops_per_sample(model, self.input_shape)
+        self.per_sample.append(self._measured)
         self.seconds["accounting"] += time.perf_counter() - t0
 
     @contextmanager
@@ -278,8 +287,9 @@ class ComputeMeter:
             bwd += c["backward"] * fps["backward"]
         return {"forward": fwd, "backward": bwd}
 
-    def as_json(self, eval_s: float) -> dict:
-        """The record's budget["compute"] (version 1)."""
+    def as_json(self) -> dict:
+        """The record's budget["compute"] (version 1): what the spec, code and data determine (passes, FLOPs,
+        the merge's passes and element operations); the same in every run of one spec."""
         train = self.counts[TRAIN]
         flops = self._flops(TRAIN)
         out = {"version": COMPUTE_VERSION,
@@ -291,19 +301,29 @@ class ComputeMeter:
                "flops": flops["forward"] + flops["backward"], "forward_flops": flops["forward"],
                "backward_flops": flops["backward"],
                "forward_flops_per_sample": [sum(p["blocks"]) + p["head"] for p in self.per_sample],
-               "backward_flops_per_sample": [p["backward"] for p in self.per_sample],
-               "peak_rss_bytes": peak_rss_bytes(),
-               "seconds": {"train": self.seconds[TRAIN], "eval": float(eval_s), "merge": self.seconds[MERGE],
-                           "accounting": self.seconds["accounting"]}}
-        if self.device.type == "cuda":
-            out["cuda_peak_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
+               "backward_flops_per_sample": [p["backward"] for p in self.per_sample]}
         if self.merged or self.merge_ops is not None:
             merge = self.counts[MERGE]
             out["merge"] = {"forward_samples": sum(_forward(c) for c in merge),
                             "backward_samples": sum(c["backward"] for c in merge),
-                            "flops": sum(self._flops(MERGE).values()), "seconds": self.seconds[MERGE]}
+                            "flops": sum(self._flops(MERGE).values())}
             if self.merge_ops is not None:
                 out["merge"]["element_ops"] = int(self.merge_ops)
+        return out
+
+    def timings(self) -> dict:
+        """What varies between runs of one spec, for record.timings: the merge's wall seconds (building the
+        evaluated model, where it is another than the trained one) and the accounting's own (FLOP measurement)."""
+        out = {"accounting_s": self.seconds["accounting"]}
+        if self.merged:
+            out["merge_s"] = self.seconds[MERGE]
+        return out
+
+    def memory(self) -> dict:
+        """The run's peak memory, for record.provenance["memory"]: host RSS, and CUDA's peak allocated on CUDA."""
+        out = {"peak_rss_bytes": peak_rss_bytes()}
+        if self.device.type == "cuda":
+            out["cuda_peak_bytes"] = int(torch.cuda.max_memory_allocated(self.device))
         return out
 
 
@@ -351,3 +371,4 @@ def merge_element_ops(strategy) -> int | None:
     found = [getattr(o, "harness_merge_ops", None) for o in (strategy, *getattr(strategy, "plugins", ()))]
     found = [int(x) for x in found if isinstance(x, int) and not isinstance(x, bool)]
     return sum(found) if found else None
+

@@ -473,7 +473,7 @@ def _budget(progress: _Progress) -> dict:
     `memory_samples`/`memory_bytes` after each task (null after a task where nothing declared it)."""
     budget = progress.plugin.budget() if progress.plugin else {}
     if progress.compute is not None:
-        budget["compute"] = progress.compute.as_json(progress.eval_s)
+        budget["compute"] = progress.compute.as_json()
     if any(m is not None for m in progress.memory):
         budget["memory_samples"] = [None if m is None else m.samples for m in progress.memory]
         budget["memory_bytes"] = [None if m is None else m.bytes for m in progress.memory]
@@ -522,6 +522,8 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
         regime_depth=regime_depth(spec.regime, n_blocks) if n_blocks is not None else None,
         timings={"total_s": total_s, "train_s": float(sum(progress.per_task_s)), "eval_s": progress.eval_s,
                  "per_task_s": progress.per_task_s})
+    if progress.compute is not None:  # the merge's and the accounting's seconds (what varies stays in timings)
+        measured["timings"].update(progress.compute.timings())
     if progress.continual:
         measured["timings"]["curve_s"] = progress.continual.seconds
         measured["curve"] = progress.continual.as_json(spec.scenario == Scenario.CLASS_IL)
@@ -531,6 +533,8 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
         prov["pretrained"] = dict(progress.pretrained)
     if progress.plugins:
         prov["plugins"] = dict(progress.plugins)
+    if progress.compute is not None:  # peak memory differs between runs of one spec: provenance, like the host
+        prov["memory"] = progress.compute.memory()
     if status != Status.OK:
         return failed_record(spec, error, status, prov, **measured)
     return RunRecord(run_id=spec.run_id, status=status, error=error, spec=spec,
