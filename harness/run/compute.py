@@ -1,12 +1,14 @@
 """Compute accounting of a run: what the method cost, measured at the model (record.budget["compute"]).
 
-- Sample-passes: ONE forward hook on the run's root model counts the rows of every forward call while the
-  method is in control (its training, and the merge that builds the evaluated model); for an output that
-  needs gradients it registers ONE tensor hook, which counts the rows again when the backward pass reaches
-  it. So passes a method makes inside a plugin (a replay batch, a teacher copy of the model, a Fisher pass)
-  count; the harness's own evaluation, probe and continual-evaluation passes do not (the meter is paused).
-  The harness's frozen-prefix cache runs the trainable suffix on cached features and the frozen prefix once
-  per task: both are counted where they run (`suffix_pass`, `prefix_rows`).
+- Sample-passes: ONE forward hook on the run's root model counts the rows of every model call while the
+  method is in control (its training, and the merge that builds the evaluated model), and ONE on the last
+  block counts backbone passes made without a model call (`model.features(x)`); for an output that needs
+  gradients the root hook registers ONE pre-hook on the output's autograd node, which counts the rows again
+  when the backward pass reaches it. So passes a method makes inside a plugin (a replay batch, a teacher copy
+  of the model, a Fisher pass) count; the harness's own evaluation, probe and continual-evaluation passes do
+  not (the meter is paused). The harness's frozen-prefix cache runs the trainable suffix on cached features
+  and the frozen prefix once per task: both are counted where they run (`suffix_pass`, `prefix_rows`). Not
+  counted: a backward pass that starts at the features (no loss on the heads' outputs).
 - FLOPs per sample: measured ONCE per model structure and trainable set on a meta-device copy (no data,
   no hooks: the real model's parameters, buffers, BatchNorm statistics and hooks are never touched), forward
   per block and head, backward for the trainable set (frozen parameters need no weight gradients), with
@@ -204,12 +206,12 @@ class ComputeMeter:
     def _watch_backward(self, counts: dict, rows: int, grads) -> None:
         fired = []  # one count per forward, whichever head output the backward reaches first
 
-        def on_grad(_grad):
+        def on_grad(_grads):
             if not fired:
                 fired.append(True)
                 counts["backward"] += rows
-        for t in grads:
-            t.register_hook(on_grad)
+        for t in grads:  # a pre-hook on the output's autograd node: half the cost of a tensor hook (measured)
+            t.register_hook(on_grad) if t.grad_fn is None else t.grad_fn.register_prehook(on_grad)
 
     @contextmanager
     def cached(self):
