@@ -87,7 +87,7 @@ def cost(specs, repeats: int) -> bool:
           f"{sum(c for _, c in on) / sum(c for _, c in off):.3f}; sum of per-method fastest cpu {on_min:.2f} s / "
           f"{off_min:.2f} s = {on_min / off_min:.3f}; FLOP measurement {accounting:.3f} s "
           f"({100 * accounting / on_wall:.2f} % of the on side)")
-    print(f"  records equal with and without accounting (but budget.compute, timings): {same}")
+    print(f"  records equal with and without accounting (but budget.compute, timings, provenance): {same}")
     return same
 
 
