@@ -263,7 +263,7 @@ def test_site_same_budget_is_one_line(tmp_path):
             for m in METHODS for o in range(3)]
     build_site(recs, tmp_path)
     text = _page(tmp_path / "index.html").text
-    assert "Every method trains with the same budget: 54 optimizer steps" in text
+    assert "Equal optimizer steps: 54 per run on average; compute not measured" in text
     assert "No run has learning-check warnings" in text and "Flagged cells" not in text
 
 

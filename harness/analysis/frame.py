@@ -13,12 +13,15 @@ from ..config.vocabulary import WARNINGS, Scenario, Status, regime_sort_key, wri
 
 # `ranked`: the run enters the rank statistics (ok, and not flagged unless flagged runs are
 # included); it is the one place that policy is decided, every unit matrix reads it.
+# budget.compute (harness/run/compute.py), NaN for a record without it ("not measured", never 0): forward and
+# backward sample-passes at the model, their sum, training FLOPs, peak resident memory, the merge's seconds
+COMPUTE_COLUMNS = ("forward_samples", "backward_samples", "sample_passes", "flops", "peak_rss_bytes", "merge_s")
 COLUMNS = ("run_id", "status", "error", "protocol", "protocol_version", "dataset", "scenario",
            "regime", "family", "regime_depth", "n_blocks", "method", "method_name", "order", "seed",
            *METRIC_NAMES, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware",
            "trainable_params", "total_params", "trainable_fraction", "total_s", "is_submission",
-           "optimizer_steps", "samples_seen", "memory_samples", "memory_bytes", "n_warnings", "warning_codes",
-           "flagged", "has_curve", *ANYTIME_NAMES, "ranked")
+           "optimizer_steps", "samples_seen", "memory_samples", "memory_bytes", *COMPUTE_COLUMNS, "n_warnings",
+           "warning_codes", "flagged", "has_curve", *ANYTIME_NAMES, "ranked")
 # has_curve: the record carries a continual-evaluation curve; the ANYTIME_NAMES columns are its any-time
 # metrics (config/metrics.py ANYTIME), computed on read from the curve the store verified; NaN without a
 # curve, and for a run that did not finish (its curve stops where it failed).
@@ -92,12 +95,24 @@ def _row(rec: RunRecord) -> dict:
         # what the method keeps between tasks after the last one (MemoryHook); NaN when it declares nothing
         "memory_samples": _last(budget.get("memory_samples")),
         "memory_bytes": _last(budget.get("memory_bytes")),
+        **_compute(budget.get("compute"), rec.timings or {}, (rec.provenance or {}).get("memory")),
         "n_warnings": len(rec.warnings or []),
         "warning_codes": ",".join(warning_codes(rec.warnings)),
         "flagged": rec.flagged,
         "has_curve": rec.curve is not None,
         **_anytime(rec),
     }
+
+
+def _compute(c, timings: dict, memory) -> dict:
+    """The record's compute columns (budget.compute; peak memory from provenance.memory, the merge's seconds from
+    timings); every one NaN without budget.compute (not measured)."""
+    if not isinstance(c, dict):
+        return dict.fromkeys(COMPUTE_COLUMNS, math.nan)
+    fwd, bwd = _num(c.get("forward_samples")), _num(c.get("backward_samples"))
+    memory = memory if isinstance(memory, dict) else {}
+    return {"forward_samples": fwd, "backward_samples": bwd, "sample_passes": fwd + bwd, "flops": _num(c.get("flops")),
+            "peak_rss_bytes": _num(memory.get("peak_rss_bytes")), "merge_s": _num(timings.get("merge_s", 0.0))}
 
 
 def _anytime(rec: RunRecord) -> dict:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from harness.analysis import anytime, correlations, curves, decisions, families, power, ranks, scenarios, stats
@@ -18,6 +19,11 @@ from harness.config.vocabulary import Scenario, Status
 VALUES = (*METRIC_NAMES, "mean_update_norm", "drift", "acc_task_aware", "forgetting_task_aware", *ANYTIME_NAMES)
 # mean only: a budget is set by the protocol, not sampled; memory: what the method keeps after the last task
 BUDGET = ("optimizer_steps", "samples_seen", "memory_samples", "memory_bytes")
+# compute (budget.compute): a cell's mean only when every ok run of it was measured ("not measured" is NaN)
+COMPUTE = ("forward_samples", "backward_samples", "sample_passes", "flops", "peak_rss_bytes")
+# The reference of relative compute: the method every other is compared with in its own cell
+REFERENCE_METHOD = "naive"
+RELATIVE = ("relative_passes", "relative_flops")
 
 
 def metric_table(frame: pd.DataFrame, seed: int = stats.SEED) -> pd.DataFrame:
@@ -32,16 +38,31 @@ def metric_table(frame: pd.DataFrame, seed: int = stats.SEED) -> pd.DataFrame:
                "statuses": ", ".join(f"{k}: {v}" for k, v in sorted(
                    sub.loc[sub["status"] != Status.OK, "status"].value_counts().items())),
                "n_flagged": int(sub["flagged"].sum()), "warning_codes": _codes(sub["warning_codes"]),
-               **{b: float(ok[b].mean()) if ok[b].notna().any() else math.nan for b in BUDGET}}
+               **{b: float(ok[b].mean()) if ok[b].notna().any() else math.nan for b in BUDGET},
+               **{c: float(ok[c].mean()) if len(ok) and ok[c].notna().all() else math.nan for c in COMPUTE}}
         mean, lo, hi = stats.bootstrap_means(ok[list(VALUES)].to_numpy(), seed=seed)
         for i, v in enumerate(VALUES):
             row.update({v: mean[i], f"{v}_lo": lo[i], f"{v}_hi": hi[i]})
         rows.append(row)
     cols = ["dataset", "regime", "method", "n_runs", "n_ok", "n_failed", "statuses", "n_flagged",
-            "warning_codes", *BUDGET, *[c for v in VALUES for c in (v, f"{v}_lo", f"{v}_hi")]]
-    out = pd.DataFrame(rows, columns=cols)
+            "warning_codes", *BUDGET, *COMPUTE, *[c for v in VALUES for c in (v, f"{v}_lo", f"{v}_hi")]]
+    out = relative_compute(pd.DataFrame(rows, columns=cols))
     out["_r"] = out["regime"].map(pos)
     return out.sort_values(["dataset", "_r", "method"]).drop(columns="_r").reset_index(drop=True)
+
+
+def relative_compute(cells: pd.DataFrame) -> pd.DataFrame:
+    """`cells` (one row per dataset, regime, method) with each cell's sample-passes and FLOPs relative to
+    REFERENCE_METHOD's in the same dataset and regime (NaN: either not measured, or no reference there)."""
+    ref = cells[cells["method"] == REFERENCE_METHOD].set_index(["dataset", "regime"])
+    key = pd.MultiIndex.from_frame(cells[["dataset", "regime"]])
+    out = cells.copy()
+    for name, column in zip(RELATIVE, ("sample_passes", "flops")):
+        base = ref[column].reindex(key).to_numpy(dtype=float) if len(ref) else math.nan
+        with np.errstate(divide="ignore", invalid="ignore"):  # 0 or NaN reference: NaN below
+            values = cells[column].to_numpy(dtype=float) / base
+        out[name] = [v if math.isfinite(v) else math.nan for v in values]
+    return out
 
 
 def _codes(column: pd.Series) -> str:
@@ -56,7 +77,7 @@ def budget_table(frame: pd.DataFrame) -> pd.DataFrame:
     The ratio is taken per dataset (budgets differ between datasets), then averaged over them.
     """
     cols = ["method", "optimizer_steps", "samples_seen", "relative_steps", "memory_samples", "memory_bytes",
-            "n_datasets"]
+            "n_datasets", "sample_passes", "flops", "peak_rss_bytes", "relative_flops_min", "relative_flops_max"]
     ok = frame[(frame["status"] == Status.OK) & frame["optimizer_steps"].notna()]
     if ok.empty:
         return pd.DataFrame(columns=cols)
@@ -69,7 +90,25 @@ def budget_table(frame: pd.DataFrame) -> pd.DataFrame:
                                     memory_samples=("memory_samples", "mean"),
                                     memory_bytes=("memory_bytes", "mean"),
                                     n_datasets=("dataset", "nunique")).reset_index()
-    return out[cols].sort_values("method").reset_index(drop=True)
+    return _compute_columns(out, ok)[cols].sort_values("method").reset_index(drop=True)
+
+
+def _compute_columns(out: pd.DataFrame, ok: pd.DataFrame) -> pd.DataFrame:
+    """Per method: mean sample-passes, FLOPs and peak memory (NaN unless every ok run was measured), and the
+    range over its (dataset, regime) cells of its FLOPs relative to REFERENCE_METHOD's in the same cell
+    (never averaged over regimes or datasets)."""
+    def measured_mean(column):
+        return ok.groupby("method")[column].agg(lambda v: float(v.mean()) if v.notna().all() else math.nan)
+
+    cells = ok.groupby(["dataset", "regime", "method"])[list(COMPUTE)].agg(
+        lambda v: float(v.mean()) if v.notna().all() else math.nan).reset_index()
+    rel = relative_compute(cells).groupby("method")["relative_flops"]
+    out = out.copy()
+    for column in ("sample_passes", "flops", "peak_rss_bytes"):
+        out[column] = out["method"].map(measured_mean(column))
+    out["relative_flops_min"] = out["method"].map(rel.min())
+    out["relative_flops_max"] = out["method"].map(rel.max())
+    return out
 
 
 def flagged_table(records, regimes=()) -> pd.DataFrame:

@@ -24,6 +24,16 @@ from .vocabulary import Scenario, Status
 # (absent when off). A schema-6 reader would call such a record corrupt and redo it, losing its curve; with
 # the bump it sees a record of another schema instead (kept, never overwritten).
 SCHEMA_VERSION = 7
+# budget["compute"] (optional, no schema bump: a record without it is "not measured"; run ids are unchanged)
+# 1: sample-passes counted at the model, FLOPs, peak memory, seconds per stage (harness/run/compute.py)
+COMPUTE_VERSION = 1
+# Its keys: counts (integers >= 0), per-task counts, seconds, and the optional merge and CUDA entries.
+COMPUTE_COUNTS = ("forward_samples", "backward_samples", "prefix_samples", "flops", "forward_flops",
+                  "backward_flops")
+COMPUTE_PER_TASK = ("forward_per_task", "backward_per_task", "forward_flops_per_sample", "backward_flops_per_sample")
+COMPUTE_MERGE = ("forward_samples", "backward_samples", "flops", "element_ops")
+# provenance["memory"] (varies between runs of one spec, like the host): peak host RSS, CUDA peak allocated
+MEMORY_PEAKS = ("peak_rss_bytes", "cuda_peak_bytes")
 
 
 @dataclass(frozen=True)
@@ -272,7 +282,12 @@ class RunRecord:
              run/plugins.py), and where the method declares what it keeps between tasks (api.contract.
              MemoryHook) "memory_samples" (stored examples) and "memory_bytes" (bytes of every kept tensor),
              one entry per trained task, taken after it (null after a task where nothing declared it);
-             both absent for a method that declares nothing.
+             both absent for a method that declares nothing; "compute" (COMPUTE_VERSION, optional: absent in
+             older records, shown "not measured"): {"version", forward/backward/prefix sample-passes, FLOPs
+             (total, forward, backward), per-task passes and FLOPs per sample, "peak_rss_bytes",
+             "merge": {passes, flops, element_ops} (methods that evaluate a merged model)}
+             (harness/run/compute.py); what varies between runs of one spec is elsewhere: timings.merge_s and
+             accounting_s, provenance.memory {"peak_rss_bytes", "cuda_peak_bytes" (CUDA runs)}.
     checks: what the learning checks measured (chance level of the head, in class-IL also the
             within-task chance `task_chance`; linear-probe accuracy, the trained model's accuracy
             where another model is evaluated, and first/last training loss per task; see

@@ -12,7 +12,20 @@ import numpy as np
 from ..config.files import TMP_MARK, NotRegularFile, ensure_dir, inside, open_regular, write_atomic
 from ..config.metrics import all_metrics, step_forgetting
 from ..config.paths import RUNS
-from ..config.specs import SCHEMA_VERSION, DatasetSpec, RunRecord, RunSpec, TrainingSpec, check_spec_json, run_id_of
+from ..config.specs import (
+    COMPUTE_COUNTS,
+    COMPUTE_MERGE,
+    COMPUTE_PER_TASK,
+    COMPUTE_VERSION,
+    MEMORY_PEAKS,
+    SCHEMA_VERSION,
+    DatasetSpec,
+    RunRecord,
+    RunSpec,
+    TrainingSpec,
+    check_spec_json,
+    run_id_of,
+)
 from ..config.text import terminal_safe
 from ..config.validate import show
 from ..config.vocabulary import Scenario, Status
@@ -234,6 +247,8 @@ def _measured(data: dict):
     for key, value in data["params"].items():
         yield f"params.{key}", value, (SECONDS if key == "fraction" else COUNT)
     for key, value in data["budget"].items():
+        if key == "compute":  # checked as a whole by _compute_problem
+            continue
         rule = OPTIONAL_COUNT if key in MEMORY else COUNT
         yield from ((name, x, rule) for name, x in _leaves(f"budget.{key}", value))
     for key, value in data["timings"].items():
@@ -266,9 +281,58 @@ def _memory_problem(data: dict) -> str | None:
     return None
 
 
+# Bounds of the compute entries: 2**62 is far above any run's FLOPs (1e18) and keeps them exact integers.
+COMPUTE_LIMIT = 2**62
+BOUNDED = (lambda x: _count(x) and x < COMPUTE_LIMIT, "an integer from 0 to 2**62")
+
+
+def _compute_problem(data: dict) -> str | None:
+    """budget.compute (optional): its keys, integer counts, per-task lists and sums that agree; and
+    provenance.memory (optional): bounded byte counts."""
+    memory = data["provenance"].get("memory")
+    if memory is not None:
+        if not isinstance(memory, dict) or set(memory) - set(MEMORY_PEAKS):
+            return f"its provenance.memory is not a mapping of {', '.join(MEMORY_PEAKS)}"
+        bad = next((k for k, v in memory.items() if not BOUNDED[0](v)), None)
+        if bad:
+            return f"its provenance.memory.{bad} is {show(memory[bad])}; allowed: {BOUNDED[1]}"
+    c = data["budget"].get("compute")
+    if c is None:
+        return None
+    if not isinstance(c, dict) or not (_count(c.get("version")) and 1 <= c["version"] <= COMPUTE_VERSION):
+        return f"its budget.compute is not a mapping with a version from 1 to {COMPUTE_VERSION}"
+    unknown = sorted(set(c) - {"version", *COMPUTE_COUNTS, *COMPUTE_PER_TASK, "merge"}, key=str)
+    missing = [k for k in (*COMPUTE_COUNTS, *COMPUTE_PER_TASK) if k not in c]
+    if unknown or missing:
+        return f"its budget.compute has {'unknown key ' + show(unknown[0]) if unknown else 'no ' + missing[0]}"
+    T = data["spec"]["dataset"]["n_tasks"]
+    if not all(isinstance(c[k], list) and len(c[k]) <= T for k in COMPUTE_PER_TASK):
+        return f"its budget.compute's {', '.join(COMPUTE_PER_TASK)} are not lists of at most {T} entries"
+    merge = c.get("merge", {})
+    if not isinstance(merge, dict) or set(merge) - set(COMPUTE_MERGE):
+        return f"its budget.compute.merge is not a mapping of {', '.join(COMPUTE_MERGE)}"
+    for name, value, (ok, allowed_values) in _compute_values(c, merge):
+        if not ok(value):
+            return f"its budget.compute.{name} is {show(value)}; allowed: {allowed_values}"
+    if sum(c["forward_per_task"]) != c["forward_samples"] or sum(c["backward_per_task"]) != c["backward_samples"] \
+            or c["forward_flops"] + c["backward_flops"] != c["flops"]:
+        return "its budget.compute's totals do not add up (per-task passes, forward + backward FLOPs)"
+    return None
+
+
+def _compute_values(c: dict, merge: dict):
+    """(name, value, rule) of every number in budget.compute."""
+    for key in COMPUTE_COUNTS:
+        yield key, c[key], BOUNDED
+    for key in COMPUTE_PER_TASK:
+        yield from ((name, x, BOUNDED) for name, x in _leaves(key, c[key]))
+    for key, value in merge.items():
+        yield f"merge.{key}", value, BOUNDED
+
+
 def _range_problem(data: dict) -> str | None:
     """The first measured number (not a metric) out of its range, named by its field, or None."""
-    memory = _memory_problem(data)
+    memory = _memory_problem(data) or _compute_problem(data)
     if memory:
         return memory
     for name, value, (ok, allowed) in _measured(data):

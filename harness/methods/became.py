@@ -140,6 +140,7 @@ class BecameStrategy(SupervisedTemplate):
         self.f_old: dict[str, torch.Tensor] = {}
         self.task, self.stage = 0, 0
         self.alphas, self.closed_forms, self.sweeps = [], [], []
+        self.harness_merge_ops = 0  # element operations of every merge (harness/run/compute.py reads it)
         self.closed_all, self.closed_shared = [], []
         self.theta_gp: dict[str, torch.Tensor] = {}
         self.theta_free: dict[str, torch.Tensor] = {}
@@ -226,6 +227,7 @@ class BecameStrategy(SupervisedTemplate):
         tensors = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
         for name, gp in self.theta_gp.items():
             tensors[name].copy_(merge_tensors(gp, self.theta_free[name], alpha))
+            self.harness_merge_ops += 3 * gp.numel()  # (1−α)·gp + α·free: three operations per element
 
     def _fisher(self, dataset, purpose: str) -> dict[str, torch.Tensor]:
         """Diagonal Fisher of the trainable parameters on (a seeded subset of) the task's data."""

@@ -102,6 +102,10 @@ def merged_with(merger: rules.RunningMerger, tau: dict) -> dict:
     return trial.merged()
 
 
+def _elements(tau: dict) -> int:
+    return sum(v.numel() for v in tau.values())
+
+
 def _vector_norm(tau: dict) -> float:
     return math.sqrt(sum(float(v.double().pow(2).sum()) for v in tau.values()))
 
@@ -127,6 +131,11 @@ class MergingPlugin(SupervisedPlugin):
         self.conflicts_by_task: list = []
         self.model = None
         self.scratch = None  # the "now" model's copy, reused within a task (never kept between tasks)
+        # The merge's arithmetic (harness/run/compute.py reads it): one operation per merged parameter element
+        # for each element-wise step, τ = θ − θ0 and folding τ into the running merge after a task, λ-scaling and
+        # adding θ0 when the evaluated model is built; a rule's sorting or selection (TIES's top-k) is not
+        # counted, nor the harness's mid-task curve points (harness_eval_model_now).
+        self.harness_merge_ops = 0
 
     def before_training_exp(self, strategy, **kwargs):
         self.model, self.scratch = strategy.model, None
@@ -153,6 +162,7 @@ class MergingPlugin(SupervisedPlugin):
             current = merged_weights(strategy.model, self.names)
             tau = {k: v - self.theta0[k] for k, v in current.items()}
             self.merger.add(tau)
+            self.harness_merge_ops += 2 * _elements(tau)
             if self.stats0:
                 self.stats_merger.add({k: v - self.stats0[k] for k, v in self._statistics(strategy.model).items()})
             self.signs.add(tau)
@@ -172,6 +182,7 @@ class MergingPlugin(SupervisedPlugin):
         if not vector:  # no task vector yet (θ_1 = θ0) or nothing merged (regime `head`)
             return self.model
         stats = self.stats_merger.merged() if self._merges_statistics() and self.stats_merger.n else None
+        self.harness_merge_ops += 2 * _elements(vector)
         return self._merged_model(vector, stats)
 
     def harness_eval_model_now(self):

@@ -9,6 +9,8 @@ One spelling per quantity wherever it appears:
   LaTeX writes the ± as `$\\pm$` (its text fonts have no ± glyph), everything else as ±.
 - the Bayesian comparison's region of practical equivalence reads "ROPE 0.5 ACC points" (`rope_text`);
 - "best per regime" is decided as printed (`best_as_printed`);
+- compute: FLOPs in decimal units, "45.6 G" (`flops_text`), a ratio to the reference method "3.0×"
+  (`times_text`), and "not measured" where a record carries no compute (never 0);
 - a size in bytes is in binary units with three significant digits, "12.3 KiB" (`bytes_text`);
 - a label in a file name, anchor or LaTeX label is its `slug` (readable prefix + hash).
 """
@@ -68,6 +70,29 @@ def bytes_text(n) -> str:
         return f"{round(n)} B"
     digits = 2 if n < 10 else 1 if n < 100 else 0
     return f"{n:.{digits}f} {BYTE_UNITS[unit]}"
+
+
+NOT_MEASURED = "not measured"  # compute of a record from before compute accounting: never 0
+FLOP_UNITS = ("", "k", "M", "G", "T", "P", "E")
+
+
+def flops_text(n) -> str:
+    """A FLOP count in decimal units with three significant digits: "812", "1.23 M", "45.6 G"; NOT_MEASURED if
+    unknown."""
+    if not is_number(n) or n < 0:
+        return NOT_MEASURED
+    n, unit = float(n), 0
+    while n >= 1000 and unit < len(FLOP_UNITS) - 1:
+        n, unit = n / 1000, unit + 1
+    digits = 0 if unit == 0 or n >= 100 else 1 if n >= 10 else 2
+    return f"{n:.{digits}f} {FLOP_UNITS[unit]}".rstrip()
+
+
+def times_text(r) -> str:
+    """A ratio against a reference, "3.0×" (one decimal; two below 0.1); NOT_MEASURED if unknown."""
+    if not is_number(r) or not math.isfinite(r):
+        return NOT_MEASURED
+    return f"{r:.{2 if abs(r) < 0.1 else 1}f}×"
 
 
 def fraction_text(f) -> str:

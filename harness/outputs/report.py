@@ -18,10 +18,21 @@ import pandas as pd
 
 from ..analysis.frame import FLAG, percent_scale, regime_order
 from ..analysis.result import AnalysisResult, AnalysisSettings
+from ..analysis.tables import REFERENCE_METHOD
 from ..config.errors import UsageError
 from ..config.metrics import ALL_METRICS, ANYTIME
 from ..config.text import terminal_safe
-from .formatting import MISSING, TEX_MISSING, best_as_printed, half_width, mean_ci, rope_text, slug
+from .formatting import (
+    MISSING,
+    NOT_MEASURED,
+    TEX_MISSING,
+    best_as_printed,
+    half_width,
+    mean_ci,
+    rope_text,
+    slug,
+    times_text,
+)
 
 CREDIBLE_METRIC = "acc"  # the Bayesian comparison (AnalysisResult.bayes) is over ACC
 MD_CREDIBLE, TEX_CREDIBLE = "‡", r"\ddag"
@@ -193,7 +204,37 @@ def report_markdown(tables: AnalysisResult, metric: str = "acc") -> str:
     for dataset_grids in grids(tables, metric):
         parts.append(f"## Dataset: {md_escape(dataset_grids[0].dataset)}")
         parts += [_md_table(g, ranked_flagged) for g in dataset_grids]
+        compute = compute_grid(tables, dataset_grids[0].dataset)
+        if compute:
+            parts.append(_md_compute(*compute))
     return "\n\n".join(parts) + "\n"
+
+
+def compute_grid(tables: AnalysisResult, dataset) -> tuple | None:
+    """(regimes, methods, {(method, regime): FLOPs relative to REFERENCE_METHOD}) of a dataset's cells, None
+    when no run of it was measured (records from before compute accounting: the report is as it was)."""
+    sub = tables.methods[tables.methods["dataset"] == dataset]
+    if "flops" not in sub or not sub["flops"].notna().any():
+        return None
+    regimes = [r for r in regime_order(tables.runs) if r in set(sub["regime"])]
+    cells = {(r.method, r.regime): r.relative_flops for r in sub.itertuples()}
+    return regimes, sorted(set(sub["method"])), cells
+
+
+def _compute_caption() -> str:
+    return (f"Training compute, FLOPs relative to {REFERENCE_METHOD} in the same regime (forward + backward "
+            f"sample-passes counted at the model; {NOT_MEASURED}: no measured record or no {REFERENCE_METHOD})")
+
+
+def _md_compute(regimes, methods, cells) -> str:
+    lines = [f"**{_compute_caption()}**", "", _md_row(["method", *(md_escape(r) for r in regimes)]),
+             _md_row(["---", *("---:" for _ in regimes)])]
+    lines += [_md_row([md_escape(m), *(_times(cells.get((m, r))) for r in regimes)]) for m in methods]
+    return "\n".join(lines)
+
+
+def _times(x) -> str:
+    return MISSING if x is None else times_text(x)
 
 
 def _md_table(g: Grid, ranked_flagged: bool) -> str:
@@ -245,7 +286,21 @@ def report_latex(tables: AnalysisResult, metric: str = "acc") -> str:
     parts = ["% cl-bench report; needs \\usepackage{booktabs}"]
     for dataset_grids in grids(tables, metric):
         parts += [_tex_table(g, ranked_flagged) for g in dataset_grids]
+        compute = compute_grid(tables, dataset_grids[0].dataset)
+        if compute:
+            parts.append(_tex_compute(dataset_grids[0].dataset, *compute))
     return "\n\n".join(parts) + "\n"
+
+
+def _tex_compute(dataset, regimes, methods, cells) -> str:
+    rows = [" & ".join(["Method", *(tex_escape(r) for r in regimes)]) + r" \\"]
+    body = [" & ".join([tex_escape(m), *(TEX_MISSING if cells.get((m, r)) is None else _tex_prose(times_text(
+        cells[(m, r)])) for r in regimes)]) + r" \\" for m in methods]
+    return "\n".join([r"\begin{table}[t]", r"\centering",
+                      f"\\caption{{Dataset {tex_escape(dataset)}: {_tex_prose(_compute_caption())}}}",
+                      f"\\label{{tab:{slug(dataset)}-compute}}",
+                      f"\\begin{{tabular}}{{l{'r' * len(regimes)}}}", r"\toprule", *rows, r"\midrule",
+                      *body, r"\bottomrule", r"\end{tabular}", r"\end{table}"])
 
 
 def _tex_table(g: Grid, ranked_flagged: bool) -> str:

@@ -7,6 +7,7 @@ import random
 import time
 import traceback
 from collections import defaultdict
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -26,7 +27,9 @@ from ..config.errors import DriverInterrupt
 from ..config.metrics import all_metrics, step_forgetting
 from ..config.specs import RunRecord, RunSpec, failed_record
 from ..config.vocabulary import Scenario, Status, regime_depth
+from . import compute
 from .checks import CHECKS_VERSION, head_outputs, loss_windows, run_warnings
+from .compute import ComputeMeter
 from .datasets import dataset_fingerprint, load_dataset
 from .evaluation import ContinualEvaluator, evaluate_class_il, task_accuracy
 from .fastdata import skip_lone_batches
@@ -98,6 +101,7 @@ class _Progress:
     pretrained: dict = field(default_factory=dict)  # provenance of a pretrained backbone
     plugins: dict = field(default_factory=dict)  # provenance: the plug-ins' files (none for built-ins)
     state: object = None  # the process state before the run (isolation.Snapshot), put back after it
+    compute: object = None  # compute.ComputeMeter (None: accounting off), its result in budget["compute"]
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -142,6 +146,8 @@ def run_one(spec: RunSpec, *, data_dir: str | None = None, download: bool = Fals
         if observer:
             observer("raised", len(progress.rows), exc)
     finally:  # before the record: what it is computed with must be the harness's own code
+        if progress.compute is not None:
+            progress.compute.close()
         leaked = restore(progress.state).failure() if progress.state is not None else None
     if leaked:
         status, error = Status.FAILED, leaked if status == Status.OK else f"{error}; and {leaked}"
@@ -183,7 +189,10 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     harness_plugin = progress.plugin = HarnessPlugin(progress.continual)
     progress.n_test = [len(t.y_test) for t in tasks]
     criterion = run_criterion(spec)
+    # before build(): copies of the model a method makes (a teacher, a merge) carry the meter's hooks
+    meter = progress.compute = ComputeMeter(model, data.input_shape, device) if compute.ENABLED else None
     strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks, progress, criterion)
+    _attach_meter(strategy, harness_plugin, meter)
     _check_test_data(tasks, fingerprints, None)
     evaluate = _evaluator(spec)
     # Class-IL's initial row: the head as task 1 starts (its classes' units only), as every later row is
@@ -204,12 +213,15 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
         curve_s = curve.seconds if curve else 0.0
         if curve:
             curve.start_task(t, seen)
-        strategy.train(experience)
+        if meter:
+            meter.start_task(model)
+        with meter.stage_of(compute.TRAIN) if meter else nullcontext():
+            strategy.train(experience)
         _check_frozen(strategy.model, before, spec.regime)
         if harness_plugin.iterations == 0:
             raise AdapterError("the strategy never called the harness plugins: build the strategy "
                                "with **ctx.strategy_kwargs() or pass plugins=list(ctx.plugins)", Breach.PLUGINS)
-        evaluated = contract.evaluated_model(strategy)
+        evaluated = _evaluated_model(strategy, meter)
         # training time without the curve's points (timings.curve_s has them)
         progress.per_task_s.append(time.perf_counter() - t0 - ((curve.seconds - curve_s) if curve else 0.0))
         if curve:  # the task's end point: the evaluated model, as the matrix's row
@@ -228,6 +240,23 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
         _check_test_data(tasks, fingerprints, t)
         if observer:
             observer("after_task", t, strategy)
+
+
+def _attach_meter(strategy, harness_plugin, meter) -> None:
+    """The meter pauses during the harness's curve points and counts the prefix cache's own passes."""
+    harness_plugin.compute = meter
+    cache = getattr(strategy, "harness_cache", None)
+    if cache is not None:
+        cache.meter = meter
+
+
+def _evaluated_model(strategy, meter):
+    """contract.evaluated_model, its cost counted as the merge's where it is another model than the trained one."""
+    if meter is None:
+        return contract.evaluated_model(strategy)
+    evaluated = meter.evaluated_model(lambda: contract.evaluated_model(strategy), strategy.model)
+    meter.merge_ops = compute.merge_element_ops(strategy)
+    return evaluated
 
 
 def _check_frozen(model, before: dict, regime: str) -> None:
@@ -443,6 +472,8 @@ def _budget(progress: _Progress) -> dict:
     """The training budget (HarnessPlugin.budget) and, where the method declares what it keeps (MemoryHook),
     `memory_samples`/`memory_bytes` after each task (null after a task where nothing declared it)."""
     budget = progress.plugin.budget() if progress.plugin else {}
+    if progress.compute is not None:
+        budget["compute"] = progress.compute.as_json()
     if any(m is not None for m in progress.memory):
         budget["memory_samples"] = [None if m is None else m.samples for m in progress.memory]
         budget["memory_bytes"] = [None if m is None else m.bytes for m in progress.memory]
@@ -491,6 +522,8 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
         regime_depth=regime_depth(spec.regime, n_blocks) if n_blocks is not None else None,
         timings={"total_s": total_s, "train_s": float(sum(progress.per_task_s)), "eval_s": progress.eval_s,
                  "per_task_s": progress.per_task_s})
+    if progress.compute is not None:  # the merge's and the accounting's seconds (what varies stays in timings)
+        measured["timings"].update(progress.compute.timings())
     if progress.continual:
         measured["timings"]["curve_s"] = progress.continual.seconds
         measured["curve"] = progress.continual.as_json(spec.scenario == Scenario.CLASS_IL)
@@ -500,6 +533,8 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
         prov["pretrained"] = dict(progress.pretrained)
     if progress.plugins:
         prov["plugins"] = dict(progress.plugins)
+    if progress.compute is not None:  # peak memory differs between runs of one spec: provenance, like the host
+        prov["memory"] = progress.compute.memory()
     if status != Status.OK:
         return failed_record(spec, error, status, prov, **measured)
     return RunRecord(run_id=spec.run_id, status=status, error=error, spec=spec,

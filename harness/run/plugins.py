@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import harness.compat  # noqa: F401
 
@@ -32,6 +33,7 @@ class HarnessPlugin(SupervisedPlugin):
     def __init__(self, continual=None):
         super().__init__()
         self.continual = continual
+        self.compute = None  # the run's compute.ComputeMeter: its curve points are the harness's, not the method's
         self.iterations = 0
         self.experiences = 0
         self.steps_per_task: list[int] = []
@@ -60,8 +62,9 @@ class HarnessPlugin(SupervisedPlugin):
             self.steps_per_task[-1] += 1
             self.samples_per_task[-1] += len(strategy.mbatch[0])
             if self.continual is not None:
-                self.continual.after_step(lambda: evaluated_model_now(strategy), self.steps_per_task[-1],
-                                          sum(self.steps_per_task))
+                with self.compute.stage_of(None) if self.compute is not None else nullcontext():
+                    self.continual.after_step(lambda: evaluated_model_now(strategy), self.steps_per_task[-1],
+                                              sum(self.steps_per_task))
 
     def after_training_epoch(self, strategy, **kwargs):
         if not self.epochs_per_stage:

@@ -19,6 +19,8 @@ and without the cache, see tests/test_performance_paths.py).
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from avalanche.training.templates.problem_type.supervised_problem import SupervisedProblem
 
@@ -83,6 +85,7 @@ class PrefixCache:
         self.strategy, self.enabled, self.batch_size = strategy, enabled, batch_size
         self.suffix: list[str] | None = None  # trainable blocks after the cached prefix
         self.tasks_cached: list[int] = []
+        self.meter = None  # the run's compute.ComputeMeter (None: not accounting): counts the passes run here
 
     def transform_for(self, strategy, t: int):
         """The per-task input transform for harness.run.fastdata (None: no caching this task)."""
@@ -95,9 +98,12 @@ class PrefixCache:
         suffix = names[len(prefix):]
 
         def transform(x):
-            feats = prefix_features(model, prefix, x, self.batch_size)
+            with _counted(self.meter):
+                feats = prefix_features(model, prefix, x, self.batch_size)
             if feats is None:
                 return None
+            if self.meter is not None:
+                self.meter.prefix_rows(len(x), len(prefix))
             self.suffix = suffix
             self.tasks_cached.append(t)
             return feats
@@ -112,9 +118,18 @@ class PrefixCache:
     def forward_suffix(self):
         """The model's output for cached features: trainable suffix blocks, then the head."""
         model, h = self.strategy.model, self.strategy.mb_x
-        for name in self.suffix:
-            h = model.blocks[name](h)
-        return _head(model, self.strategy.dataloader.task)(h)
+        with _counted(self.meter):
+            for name in self.suffix:
+                h = model.blocks[name](h)
+            out = _head(model, self.strategy.dataloader.task)(h)
+        if self.meter is not None:
+            self.meter.suffix_pass(out, len(model.block_names) - len(self.suffix))
+        return out
+
+
+def _counted(meter):
+    """While the cache runs blocks itself, the meter's block hook leaves the counting to it."""
+    return nullcontext() if meter is None else meter.cached()
 
 
 def _head(model, task: int):
@@ -177,7 +192,7 @@ class EvalCache:
             model.train(was_training)
 
     def _prefix(self, model) -> list[str]:
-        if type(model) is not CLNet or model._forward_hooks or model._forward_pre_hooks:
+        if type(model) is not CLNet or _changing_hooks(model):
             return []  # a subclass or a hook may change what forward computes
         prefix = frozen_prefix(model)
         state = {f"{n}.{k}": v for n in prefix
@@ -204,6 +219,12 @@ class EvalCache:
             yb = task.y_test[i * batch_size:(i + 1) * batch_size].to(device)
             correct += int((head(_run_blocks(model, suffix, h)).argmax(dim=1) == yb).sum())
         return correct / len(task.y_test)
+
+
+def _changing_hooks(model) -> bool:
+    """Forward hooks on the model other than the compute meter's (which change no output)."""
+    hooks = [*model._forward_hooks.values(), *model._forward_pre_hooks.values()]
+    return any(not getattr(h, "harness_counting", False) for h in hooks)
 
 
 def _run_blocks(model, names, h):

@@ -9,6 +9,7 @@ import pandas as pd
 from ...analysis.families import families_in
 from ...analysis.power import wilcoxon_decides
 from ...analysis.result import AnalysisResult
+from ...analysis.tables import REFERENCE_METHOD
 from ...config.metrics import METRICS
 from ...config.numbers import is_number
 from ...config.vocabulary import FAMILY_DESCRIPTIONS, Scenario
@@ -56,6 +57,7 @@ def _results(w: SiteWriter, sel: AnalysisResult, regs) -> dict:
             or Scenario.CLASS_IL in w.base["scenarios"] else [],
             "task_aware": bool(mt["acc_task_aware"].notna().any()),
             "memory": bool(mt[["memory_samples", "memory_bytes"]].notna().any().any()),
+            "compute": bool(mt["flops"].notna().any()), "reference": REFERENCE_METHOD,
             "scenario_rows": records_of(sel.scenario_tau),
             "family_descriptions": {f: FAMILY_DESCRIPTIONS.get(f, "") for f in families_in(regs)},
             "curves": charts.curve_panels(sel.curves, regs, w.base["method_colour"], w.base["scale"])}

@@ -8,7 +8,7 @@ import json
 
 from ...config.numbers import is_number
 from ...config.vocabulary import WARNINGS, Status
-from ..formatting import MISSING, bytes_text, fraction_text, num, p_eq, p_text, percent, slug
+from ..formatting import MISSING, bytes_text, flops_text, fraction_text, num, p_eq, p_text, percent, slug, times_text
 
 
 def value(x, digits: int = 4) -> str:
@@ -45,4 +45,4 @@ FILTERS = {"num": num, "pct": percent, "slug": slug,
            "tojson_pretty": lambda v: json.dumps(v, indent=1, default=str),
            "thousands": thousands, "flag_title": flag_title, "status_class": status_class, "p": p_text, "p_eq": p_eq,
            "prob": lambda x: num(x, 3), "listing": listing, "val": value, "frac": fraction_text,
-           "bytes": bytes_text}
+           "bytes": bytes_text, "flops": flops_text, "times": times_text}

@@ -10,7 +10,7 @@ from ...analysis.families import families_in
 from ...analysis.power import StatTest
 from ...analysis.result import AnalysisResult
 from ...analysis.scenarios import ALL
-from ...analysis.tables import headline
+from ...analysis.tables import REFERENCE_METHOD, headline
 from ...config.vocabulary import FAMILY_DESCRIPTIONS, Status
 from ...execution.reproduce import sweep_commands
 from .. import charts
@@ -49,6 +49,7 @@ def page(w: SiteWriter, t: AnalysisResult, records) -> Path:
         "family_descriptions": {f: FAMILY_DESCRIPTIONS.get(f, "") for f in families_in(w.base["regimes"])},
         "power": sections.power(t.power), "bayes_blind": _bayes_blind(t.power),
         "flagged": records_of(t.flagged), "budget": _budget_summary(t.budget),
+        "compute": compute_summary(t.methods),
         "unranked": [r for r in w.base["regimes"] if r not in set(gr["regime"])],
         # rankings are per scenario: one card per (scenario, regime), one chart per scenario
         "global": [{"scenario": sc, "regime": rg, "rows": records_of(sub)}
@@ -102,6 +103,34 @@ def _budget_summary(budget: pd.DataFrame) -> dict:
     memory = any(r.get("memory_samples") is not None or r.get("memory_bytes") is not None for r in rows)
     # 1% slack: steps follow the sample counts, which differ a little between task orders.
     return {"rows": rows, "differs": bool(rel) and max(rel) - min(rel) > 0.01, "memory": memory}
+
+
+# Relative compute within 1% of the reference counts as equal (sample counts differ a little between orders)
+EQUAL_COMPUTE = 0.01
+
+
+def compute_summary(methods: pd.DataFrame) -> dict:
+    """What the budget line may say about compute, per (scenario, dataset, regime) cell: the methods whose
+    training FLOPs differ from the reference's (analysis.tables.REFERENCE_METHOD) in that cell, the methods
+    with a cell not measured, and the cells without a measured reference; never averaged across cells."""
+    rows = records_of(methods) if len(methods) else []
+    cells, unmeasured, no_reference = [], set(), []
+    for r in rows:
+        if r.get("flops") is None:
+            unmeasured.add(r["method"])
+    keys = dict.fromkeys((r.get("scenario"), r["dataset"], r["regime"]) for r in rows)
+    for sc, ds, rg in keys:
+        mine = [r for r in rows if (r.get("scenario"), r["dataset"], r["regime"]) == (sc, ds, rg)]
+        if not any(r["method"] == REFERENCE_METHOD and r.get("flops") for r in mine):
+            no_reference.append({"scenario": sc, "dataset": ds, "regime": rg})
+            continue
+        differs = [{"method": r["method"], "ratio": r["relative_flops"]} for r in mine
+                   if r.get("relative_flops") is not None and abs(r["relative_flops"] - 1.0) > EQUAL_COMPUTE]
+        cells.append({"scenario": sc, "dataset": ds, "regime": rg,
+                      "differs": sorted(differs, key=lambda d: (-d["ratio"], d["method"]))})
+    return {"reference": REFERENCE_METHOD, "measured": any(r.get("flops") is not None for r in rows),
+            "cells": cells, "differ": [c for c in cells if c["differs"]], "unmeasured": sorted(unmeasured),
+            "no_reference": no_reference}
 
 
 def _scenario_tau(st: pd.DataFrame) -> list[dict]:

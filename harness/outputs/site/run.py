@@ -32,7 +32,8 @@ def page(w: SiteWriter, rec: RunRecord, dataset: str | None = None) -> Path:
            "diagnostics": _diagnostics(rec),
            "sweeps": sweep_panels(sweeps([rec], w.base["regimes"]), w.base["scale"]),
            "timings": _timings(rec.timings or {}), "provenance": _provenance(rec.provenance or {}),
-           "warnings": _warning_rows(rec.warnings), "budget": _budget_rows(rec.budget or {}),
+           "warnings": _warning_rows(rec.warnings), "budget": _budget_rows(rec.budget or {}, rec.timings or {},
+                                                                            (rec.provenance or {}).get("memory")),
            "source": contributors.of_run(w.base["sources"], rid)}
     return w.page("run.html", f"runs/{slug(rid)}.html", **ctx)
 
@@ -145,7 +146,7 @@ def _warning_rows(warnings: list) -> list[dict]:
             for w in warnings or [] if isinstance(w, dict)]
 
 
-def _budget_rows(budget: dict) -> dict:
+def _budget_rows(budget: dict, timings: dict | None = None, memory: dict | None = None) -> dict:
     """Totals and per-task steps, samples, epochs per training stage and kept memory of a record's budget."""
     per = [budget.get(k) if isinstance(budget.get(k), list) else [] for k in
            ("steps_per_task", "samples_per_task", "epochs_per_stage", "memory_samples", "memory_bytes")]
@@ -153,7 +154,22 @@ def _budget_rows(budget: dict) -> dict:
               "stages": _stages(_at(per[2], t)), "memory_samples": _at(per[3], t), "memory_bytes": _at(per[4], t)}
              for t in range(max(map(len, per)))]
     return {"steps": budget.get("optimizer_steps"), "samples": budget.get("samples_seen"), "tasks": tasks,
-            "memory": bool(per[3] or per[4])}
+            "memory": bool(per[3] or per[4]),
+            "compute": _compute_rows(budget.get("compute"), len(tasks), timings or {}, memory)}
+
+
+def _compute_rows(c, n_tasks: int, timings: dict, memory) -> dict | None:
+    """budget.compute as the run page shows it, with the merge's and accounting's seconds (timings) and the peak
+    memory (provenance.memory); None: not measured. Per task: forward and backward passes."""
+    if not isinstance(c, dict):
+        return None
+    fwd, bwd = (c.get(k) if isinstance(c.get(k), list) else [] for k in ("forward_per_task", "backward_per_task"))
+    merge = c.get("merge") if isinstance(c.get("merge"), dict) else None
+    memory = memory if isinstance(memory, dict) else {}
+    return {"forward": c.get("forward_samples"), "backward": c.get("backward_samples"), "flops": c.get("flops"),
+            "peak_rss": memory.get("peak_rss_bytes"), "cuda_peak": memory.get("cuda_peak_bytes"),
+            "seconds": {k: timings.get(k) for k in ("train_s", "eval_s", "merge_s", "accounting_s")}, "merge": merge,
+            "per_task": [(_at(fwd, t), _at(bwd, t)) for t in range(max(n_tasks, len(fwd)))]}
 
 
 def _stages(epochs) -> str:
