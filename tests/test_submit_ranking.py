@@ -6,6 +6,7 @@ the DER++ example file, three forward/backward passes per step.
 import csv
 import hashlib
 import json
+import re
 import shlex
 import textwrap
 from pathlib import Path
@@ -79,6 +80,29 @@ def test_submit_ranks_the_file_among_the_baselines_already_there(setup, cli):
         ranked = {row["method"]: float(row["mean_rank"]) for row in csv.DictReader(fh)}
     assert set(ranked) == {"derpp-plugin", "naive", "replay"}
     assert sum(ranked.values()) == pytest.approx(6.0)  # ranks 1..3 per block, averaged: they sum to 1+2+3
+    _shows_derpp_compute_and_page(records, index, site)
+
+
+def _shows_derpp_compute_and_page(records: list[dict], index: str, site: Path) -> None:
+    """The must-show: equal optimizer steps, but DER++'s three passes per step cost ~3x naive's compute, and
+    the budget line, the budget table and the method page say so."""
+    def of(method):
+        return sorted((r for r in records if r["spec"]["method"] == method), key=lambda r: r["spec"]["order"])
+
+    for mine, naive in zip(of("derpp-plugin"), of("naive"), strict=True):
+        assert mine["budget"]["optimizer_steps"] == naive["budget"]["optimizer_steps"]
+        assert mine["budget"]["samples_seen"] == naive["budget"]["samples_seen"]  # plugins' passes: not in it
+        # one current batch + two memory batches per step (a memory batch is smaller only at the very start)
+        passes = mine["budget"]["compute"]["forward_samples"] / naive["budget"]["compute"]["forward_samples"]
+        assert 2.8 < passes <= 3.0
+        flops = mine["budget"]["compute"]["flops"] / naive["budget"]["compute"]["flops"]
+        assert flops == pytest.approx(passes, rel=1e-9)  # same network, same trainable set: FLOPs follow passes
+    line = index[index.index("Equal optimizer steps"):].split("</p>")[0]
+    shown = re.search(r"derpp-plugin (\d\.\d)×", line)
+    assert "compute differs" in line and shown and 2.8 <= float(shown.group(1)) <= 3.0, line
+    page = (site / f"method-{slug('derpp-plugin')}.html").read_text()
+    assert "Dark Experience for General Continual Learning" in page  # its REFERENCE
+    assert "submitted file" in page and "derpp.py" in page
 
 
 def test_missing_baselines_run_first_and_no_baselines_runs_none(setup, cli):

@@ -53,9 +53,10 @@ def check_writable(results: str | Path, protocol_name: str) -> Path:
 
 def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunOptions,
               jobs: int = 1, executor: str = "process", progress: bool = True, on_record=(),
-              log=print, provenance: dict | None = None) -> SweepResult:
+              log=print, provenance: dict | None = None, before_first=None) -> SweepResult:
     """Run every spec of the plan that is not done; the driver writes each record as it arrives (with
-    `provenance`, e.g. the sweep's command and protocol copy, added to its own).
+    `provenance`, e.g. the sweep's command and protocol copy, added to its own; `before_first()` is called
+    once, before the first record is written: e.g. the protocol copy the records name).
 
     Ctrl-C (SIGINT) and SIGTERM stop it alike: finished records are kept, the lock is released
     and the result says `interrupted` and which `signal`. A KeyboardInterrupt or SystemExit that a
@@ -71,7 +72,7 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
             folder = check_writable(results, protocol.name)
             with ResultsLock(folder, log=log):
                 _dispatch(plan, protocol, results, options, jobs, executor, progress, on_record, log, result,
-                          stop, provenance or {})
+                          stop, provenance or {}, before_first)
         except KeyboardInterrupt:
             result.interrupted, result.signal = True, stop.signal or "SIGINT"
             log(f"\ninterrupted ({result.signal}): {len(result.written)} finished runs are saved; "
@@ -96,7 +97,7 @@ def _remove_empty(folders) -> None:
 
 
 def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_record, log, result,
-              stop=None, provenance: dict | None = None) -> None:
+              stop=None, provenance: dict | None = None, before_first=None) -> None:
     """Clean the folder, run the plan's specs, write each record as it arrives (the lock is held)."""
     # only the lock holder may touch files: a concurrent sweep's temp files are not stray
     # (the files that are not counted were reported with the plan: service.sweeps.format_plan)
@@ -113,6 +114,8 @@ def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_rec
                 raise DriverInterrupt(stop.signal)
             if provenance:  # not in the run id: where the record came from, not what it is
                 record = replace(record, provenance={**(record.provenance or {}), **provenance})
+            if before_first is not None and not result.written:
+                before_first()
             path = _write(results, runs_dir(results, protocol.name), record, len(result.written))
             result.written.append(path)
             result.statuses[record.status] = result.statuses.get(record.status, 0) + 1

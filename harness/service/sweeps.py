@@ -202,17 +202,18 @@ def _sweep_and_report(req: SweepRequest, protocol, plan, options, log: Log, grid
     leaderboard of `grid` (run id -> RunSpec; default the plan's)."""
     from ..config.text import terminal_safe
     from ..execution.protocol_files import relative_references, save_protocol_file
-    from ..execution.store import runs_dir
 
-    if provenance and (plan.todo or runs_dir(req.results, protocol.name).is_dir()):
-        # before the first record: a record never names a copy that a crash left unwritten, and the copy holds
-        # the bytes whose hash the records carry (an edit since loading is refused, not copied)
+    def keep_protocol_file() -> None:
+        # the driver calls this before it writes the first record: no record names a copy that a crash left
+        # unwritten, and the copy holds the bytes whose hash the records carry (an edit since loading is refused)
         copy = save_protocol_file(req.results, protocol, provenance["sweep"]["protocol_sha256"])
         relative = relative_references(copy.read_bytes())
         if relative:
             log(terminal_safe(f"note: {protocol.source} names {', '.join(relative)} relative to its folder; the "
                               f"copy {copy} resolves them relative to its own: put them beside it to rerun from it"))
-    result = _run_tracked(plan, protocol, req, options, log, provenance)
+
+    result = _run_tracked(plan, protocol, req, options, log, provenance,
+                          before_first=keep_protocol_file if provenance else None)
     grid = grid if grid is not None else {s.run_id: s for s in plan.specs}
     mine = f" ({sum(1 for path in result.written if grid[Path(path).stem].method == of)} of {of!r})" if of else ""
     log(f"\n{len(result.written)} runs{mine} finished in {result.wall_s:.1f} s "
@@ -243,7 +244,8 @@ def _rerun_hint(result, results, log: Log) -> None:
             f"them; one alone, compared with its record: {reproduce_command(run_id, str(results), record)}")
 
 
-def _run_tracked(plan, protocol, req: SweepRequest, options, log: Log, provenance: dict | None = None):
+def _run_tracked(plan, protocol, req: SweepRequest, options, log: Log, provenance: dict | None = None,
+                 before_first=None):
     """run_sweep with the executor the request asks for, mirrored into MLflow unless `mlflow` is off."""
     from ..execution.sweep import run_sweep
     from ..outputs.tracking import make_tracker
@@ -256,7 +258,7 @@ def _run_tracked(plan, protocol, req: SweepRequest, options, log: Log, provenanc
     try:
         result = run_sweep(plan, protocol, req.results, options, jobs=req.jobs, executor=executor,
                            progress=req.progress, on_record=(tracker.log_record,) if tracker else (),
-                           provenance=provenance)
+                           provenance=provenance, before_first=before_first)
     except BaseException:
         if tracker:
             tracker.abort()
