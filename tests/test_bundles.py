@@ -417,3 +417,76 @@ def test_cells_are_keyed_by_the_weights_content_not_their_cache_path(labs):
     elsewhere = replace(record, provenance=dict(prov, pretrained={**prov["pretrained"], "path": "/lab-b/w.pt"}))
     other = replace(record, provenance=dict(prov, pretrained={**prov["pretrained"], "sha256": "cd" * 32}))
     assert identity(here) == identity(elsewhere) and identity(here) != identity(other)
+
+
+# ---- the sample is the verifier's, not the contributor's ------------------------------------------------
+
+def _first_by(seed: str, run_ids) -> str:
+    """The record a sample of one draws with `seed` (computed here, independently of bundle_verify)."""
+    import hashlib
+
+    return min(run_ids, key=lambda rid: hashlib.sha256(f"{seed}:{rid}".encode()).hexdigest())
+
+
+def test_a_sample_the_contributor_could_steer_is_drawn_by_the_verifiers_seed(labs, tmp_path):
+    import hashlib
+
+    ids = sorted(r.run_id for r in check_bundle(read_bundle(labs["b"])).records)
+    # re-bundle B under other contributor names until the old draw (seeded by the bundle's own sha256) misses
+    # the edited record: what a contributor could do when the bundle's bytes decided the sample
+    steered = None
+    for i in range(40):
+        def renamed(m, i=i):
+            data = json.loads(m[MANIFEST])
+            data["contributor"] = f"Lab B{i}"
+            return {**m, MANIFEST: json.dumps(data).encode()}
+        path = _rezip(labs["b"], tmp_path / f"b{i}.zip", renamed)
+        sha = sha256_hex(path.read_bytes())
+        old_pick = min(ids, key=lambda rid: hashlib.sha256(f"{sha}:{rid}".encode()).hexdigest())
+        if old_pick != labs["tampered"]:
+            steered = path
+            break
+    assert steered is not None
+    hit = next(f"s{i}" for i in range(100) if _first_by(f"s{i}", ids) == labs["tampered"])
+    miss = next(f"s{i}" for i in range(100) if _first_by(f"s{i}", ids) != labs["tampered"])
+    out = tmp_path / "v.json"
+    assert main(["verify", str(steered), "--sample", "1", "--seed", hit, "-o", str(out)]) == 1
+    verdict = json.loads(out.read_text())
+    assert verdict["status"] == "rerun differs" and verdict["seed"] == hit
+    assert [r["run_id"] for r in verdict["reruns"]] == [labs["tampered"]]
+    assert f"1 of 2 finished records rerun (seed {hit})" in verdict["reason"]
+    assert main(["verify", str(steered), "--sample", "1", "--seed", miss, "-o", str(out)]) == 0
+    verdict = json.loads(out.read_text())
+    assert verdict["status"] == "verified" and verdict["seed"] == miss and verdict["finished"] == 2
+    assert "1 of 2 finished records rerun" in verdict["reason"]
+
+
+def test_without_a_seed_each_verification_draws_its_own_and_records_it(labs, tmp_path):
+    seeds = []
+    for i in range(2):
+        out = tmp_path / f"v{i}.json"
+        assert main(["verify", str(labs["a"]), "--sample", "0", "-o", str(out)]) == 0
+        seeds.append(json.loads(out.read_text())["seed"])
+    assert len(seeds[0]) == 32 and seeds[0] != seeds[1]
+
+
+def test_sample_all_reruns_every_finished_record(labs, tmp_path):
+    out = tmp_path / "v.json"
+    assert main(["verify", str(labs["b"]), "--sample", "all", "--seed", "x", "-o", str(out)]) == 1
+    verdict = json.loads(out.read_text())
+    assert verdict["sample"] == -1 and len(verdict["reruns"]) == 2 and "2 of 2 finished records" in verdict["reason"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["-o", "/nonexistent-dir/v.json"], ["-o", "/nonexistent-dir"]),
+    (["--markdown", "/nonexistent-dir/c.md"], ["--markdown"]),
+    (["--board", "/nonexistent-dir"], ["--board", "not a folder"]),
+    (["--seed", "a\tb"], ["--seed"]),
+])
+def test_bad_verify_outputs_are_refused_before_any_work(labs, capsys, monkeypatch, argv, words):
+    import harness.execution.bundle_verify as bv
+
+    monkeypatch.setattr(bv, "check_bundle", lambda *a: (_ for _ in ()).throw(AssertionError("work was done")))
+    assert main(["verify", str(labs["a"]), "--sample", "0", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and all(w in err for w in words), err

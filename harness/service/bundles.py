@@ -41,21 +41,38 @@ def bundle(req: BundleRequest, log=print):
 def verify(req: VerifyRequest, log=print):
     """Check a bundle, rerun its sample, write the verdict JSON; returns bundle_verify.Verification."""
     from ..config.files import write_atomic
-    from ..execution.bundle_verify import verdict_path, verify as run_verify
+    from ..execution.bundle_verify import ALL, check_seed, verdict_path, verify as run_verify
 
-    if req.sample < 0:
-        raise SweepError(f"--sample: {req.sample}; allowed: an integer >= 0")
-    result = run_verify(req.file, req.sample, req.data_dir, log=log)
+    if req.sample < 0 and req.sample != ALL:
+        raise SweepError(f"--sample: {req.sample}; allowed: an integer >= 0, or all")
+    if req.seed is not None:
+        check_seed(req.seed)
+    _writable(verdict_path(req.file, req.out), "-o" if req.out else "the verdict file")
+    if req.markdown:
+        _writable(Path(req.markdown), "--markdown")
+    if req.board and not Path(req.board).is_dir():
+        raise SweepError(f"--board: {req.board} is not a folder; allowed: the folder of the board's bundles")
+    result = run_verify(req.file, req.sample, req.data_dir, log=log, seed=req.seed, download=req.download)
     write_atomic(verdict_path(req.file, req.out), result.to_json())
     if req.markdown:
         write_atomic(Path(req.markdown), verify_comment(req, result))
     return result
 
 
+def _writable(path: Path, flag: str) -> None:
+    """Refuse, before any work, an output whose folder does not exist (or is no folder)."""
+    from ..config.errors import OutputError
+
+    if not path.parent.is_dir():
+        raise OutputError(f"{flag}: {path}: its folder {path.parent} does not exist; allowed: a file in an existing "
+                          "folder")
+
+
 def verify_comment(req: VerifyRequest, result) -> str:
     """The Markdown comment of a verdict: the bundle's cells beside those of the bundles under req.board (each
     checked here; the bundle itself and refused ones left out)."""
-    from ..execution.bundle import BundleError, check_bundle, read_bundle
+    from ..config.errors import UserError
+    from ..execution.bundle import check_bundle, read_bundle
     from ..outputs.bundle_comment import cell_means, comment
 
     mine = check_bundle(read_bundle(req.file)).records
@@ -66,7 +83,7 @@ def verify_comment(req: VerifyRequest, result) -> str:
             continue
         try:
             checked = check_bundle(read_bundle(path))
-        except BundleError:
+        except UserError:  # one bad bundle on the board leaves the comparison with the others
             refused += 1
             continue
         if (checked.bundle.protocol, checked.bundle.version) == (result.protocol, result.version):
