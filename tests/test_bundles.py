@@ -272,13 +272,13 @@ def test_untrusted_manifest_fields_are_refused(labs, tmp_path, capsys):
 
 
 def test_a_protocol_of_the_same_name_and_version_with_other_settings_is_refused_by_the_board(labs, tmp_path, capsys):
-    def other_lr(m):
+    def other_text(m):
         old = next(n for n in m if n.startswith("protocol/"))
-        text = m[old].replace(b"lr: 0.05", b"lr: 0.5")
+        text = m[old].replace(b"two labs, one cell each", b"two labs, edited")
         return {**{n: b for n, b in m.items() if n != old}, f"protocol/{sha256_hex(text)[:16]}.yaml": text}
     bundles = tmp_path / "bundles"
     bundles.mkdir()
-    forged = _rezip(labs["a"], bundles / "a2.zip", other_lr)
+    forged = _rezip(labs["a"], bundles / "a2.zip", other_text)
     check_bundle(read_bundle(forged))  # self-consistent: only the comparison with the local protocol tells
     capsys.readouterr()
     local = tmp_path / "local"
@@ -287,8 +287,56 @@ def test_a_protocol_of_the_same_name_and_version_with_other_settings_is_refused_
     assert main(["leaderboard", "--results", str(local), "--bundles", str(bundles), "--out",
                  str(tmp_path / "s")]) == 2  # nothing left to show
     out = capsys.readouterr()
-    assert "a2.zip refused" in out.out and "differs from the local one" in out.out and "training" in out.out
+    assert "a2.zip refused" in out.out and "differs from the board's" in out.out and "description" in out.out
+    assert "x.yaml" in out.out  # which local copy it was compared with
     assert out.err.count("\n") == 1
+
+
+def _respec(edit_spec):
+    """A bundle edit that changes every record's spec and re-derives its run id (a consistent record)."""
+    from harness.config.specs import run_id_of
+
+    def edit(m):
+        out = {}
+        for n, b in m.items():
+            if n.startswith("records/"):
+                data = json.loads(b)
+                edit_spec(data["spec"])
+                data["run_id"] = run_id_of(data["spec"])
+                n, b = f"records/{data['run_id']}.json", json.dumps(data).encode()
+            out[n] = b
+        return out
+    return edit
+
+
+def test_records_run_with_other_settings_under_the_protocols_name_and_version_are_refused(labs, tmp_path, capsys):
+    def two_epochs(spec):
+        spec["training"]["epochs"] = 2
+    forged = _rezip(labs["a"], tmp_path / "e2.zip", _respec(two_epochs))
+    err = _refused(forged, capsys, "not a cell of the bundled protocol's grid", "training.epochs")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("section, value", [("regimes", [{"a": 1}]), ("regimes", 5), ("datasets", 7),
+                                            ("methods", "naive"), ("datasets", [{"name": "nope"}])])
+def test_a_malformed_bundled_protocol_is_refused_in_one_line(labs, tmp_path, capsys, section, value):
+    import yaml
+
+    def edit(m):
+        old = next(n for n in m if n.startswith("protocol/"))
+        doc = yaml.safe_load(m[old])
+        doc[section] = value
+        text = yaml.safe_dump(doc).encode()
+        return {**{n: b for n, b in m.items() if n != old}, f"protocol/{sha256_hex(text)[:16]}.yaml": text}
+    bad = _rezip(labs["a"], tmp_path / "p.zip", edit)
+    _refused(bad, capsys, "p.zip", section)
+    # on a board, the bad bundle is refused and the others still build
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    shutil.copy(bad, bundles / "bad.zip")
+    shutil.copy(labs["a"], bundles / "a.zip")
+    index = _board(dict(labs, bundles_dir=bundles), tmp_path, "site-p")
+    assert "bad.zip refused" in capsys.readouterr().out and "Lab &lt;A&gt; &amp; Co" in index
 
 
 def test_read_bundle_refuses_a_non_zip(tmp_path):
@@ -490,3 +538,20 @@ def test_bad_verify_outputs_are_refused_before_any_work(labs, capsys, monkeypatc
     assert main(["verify", str(labs["a"]), "--sample", "0", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and all(w in err for w in words), err
+
+
+def test_a_bundle_matching_only_a_stale_local_copy_is_refused_naming_the_canonical_one(labs, tmp_path, capsys):
+    import os
+
+    copies = tmp_path / "local" / "tiny-labs" / "protocol-files"
+    copies.mkdir(parents=True)
+    (copies / "old.yaml").write_text(PROTOCOL)  # the bundle's protocol, but an older copy
+    (copies / "new.yaml").write_text(PROTOCOL.replace("two labs, one cell each", "the board's current text"))
+    os.utime(copies / "old.yaml", (1_000_000, 1_000_000))
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    shutil.copy(labs["a"], bundles / "a.zip")
+    assert main(["leaderboard", "--results", str(tmp_path / "local"), "--bundles", str(bundles), "--out",
+                 str(tmp_path / "s")]) == 2
+    out = capsys.readouterr().out
+    assert "a.zip refused" in out and "new.yaml" in out and "description" in out

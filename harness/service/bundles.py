@@ -128,15 +128,16 @@ def merged_records(req: LeaderboardRequest, log=print) -> tuple[list, dict]:
 
 def _add_bundle(req: LeaderboardRequest, path: Path, records: list, sources: dict, log) -> None:
     """Check one bundle and add its records (duplicates of a run id already on the board are left out)."""
+    from ..config.errors import UserError
     from ..config.text import terminal_safe
-    from ..execution.bundle import BundleError, check_bundle, hardware, read_bundle
+    from ..execution.bundle import check_bundle, hardware, read_bundle
     from ..execution.bundle_verify import read_verdict, verdict_path
 
     try:
         checked = check_bundle(read_bundle(path))
         problem = protocol_mismatch(req.results, checked)
-    except BundleError as exc:
-        log(terminal_safe(f"leaderboard: bundle refused: {exc}"))
+    except UserError as exc:  # one bad bundle is refused; the board is built from the others
+        log(terminal_safe(f"leaderboard: bundle {path.name} refused: {exc}"))
         return
     if problem:
         log(terminal_safe(f"leaderboard: bundle {path.name} refused: {problem}"))
@@ -159,19 +160,30 @@ def _add_bundle(req: LeaderboardRequest, path: Path, records: list, sources: dic
 
 
 def protocol_mismatch(results, checked) -> str | None:
-    """Why a bundle's protocol is not the local protocol of its name and version (parsed YAML), or None."""
+    """Why a bundle's protocol is not the board's canonical protocol of its name and version (parsed YAML), or
+    None. The canonical one is the newest copy of that version in the results folder (the one its records
+    were last run with), else the protocol `run --protocol NAME` loads; an older local copy never matches."""
     name, version = checked.bundle.protocol, checked.bundle.version
-    found = local_protocols(results, name)
-    same_version = {p: doc for p, doc in found.items() if str(doc.get("version")) == version}
-    if not same_version:
+    found = canonical_protocol(results, name, version)
+    if found is None:
         return (f"no local protocol {name} version {version} to compare it with (expected "
                 f"{Path(results) / name / 'protocol-files'}/*.yaml or a protocol of that name here); it is not merged")
-    if any(doc == checked.protocol_doc for doc in same_version.values()):
+    path, doc = found
+    if doc == checked.protocol_doc:
         return None
-    path, doc = next(iter(same_version.items()))
-    keys = sorted(k for k in set(doc) | set(checked.protocol_doc) if doc.get(k) != checked.protocol_doc.get(k))
-    return (f"its protocol {name} version {version} differs from the local one ({path}) in {', '.join(keys)}: "
-            "the same name and version with other settings; it is not merged")
+    keys = sorted(str(k) for k in set(doc) | set(checked.protocol_doc) if doc.get(k) != checked.protocol_doc.get(k))
+    return (f"its protocol {name} version {version} differs from the board's ({path}, the newest local copy of "
+            f"that version) in {', '.join(keys)}: the same name and version with other settings; it is not merged")
+
+
+def canonical_protocol(results, name: str, version: str) -> tuple[str, dict] | None:
+    """(path, parsed YAML) of the board's protocol `name` at `version`: the newest copy of that version under
+    `<results>/<name>/protocol-files/` (by modification time, then name), else the named protocol file."""
+    found = [(p, doc) for p, doc in local_protocols(results, name).items() if str(doc.get("version")) == version]
+    copies = [(p, doc) for p, doc in found if Path(p).parent.name == "protocol-files"]
+    if copies:
+        return max(copies, key=lambda c: (Path(c[0]).stat().st_mtime, c[0]))
+    return found[0] if found else None
 
 
 def local_protocols(results, name: str) -> dict:
