@@ -380,10 +380,88 @@ def test_the_workflow_that_runs_pull_request_code_has_a_read_only_token():
     import yaml
 
     flow = yaml.safe_load((WORKFLOWS / "verify.yml").read_text())
-    assert list(flow.get("on", flow.get(True))) == ["pull_request"] and flow["permissions"] == {"contents": "read"}
+    triggers = flow.get("on", flow.get(True))
+    assert list(triggers) == ["pull_request"] and flow["permissions"] == {"contents": "read"}
+    assert "verdicts/**" in triggers["pull_request"]["paths"]  # a PR touching verdicts/ runs the check, which fails
     steps = flow["jobs"]["verify"]["steps"]
     assert steps[0]["with"]["persist-credentials"] is False
     assert any("cl-bench verify" in s.get("run", "") and "--markdown" in s.get("run", "") for s in steps)
+
+
+def test_the_board_workflow_runs_bundle_code_only_in_a_read_only_job():
+    import yaml
+
+    flow = yaml.safe_load((WORKFLOWS / "board.yml").read_text())
+    assert flow["permissions"] == {}
+    for name, job in flow["jobs"].items():
+        code = "\n".join(s.get("run", "") for s in job["steps"])
+        writes = job["permissions"].get("contents") == "write"
+        checkout = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout"))
+        if "cl-bench verify" in code:  # reruns execute bundled method files
+            assert not writes and job["permissions"] == {"contents": "read"}, name
+            assert checkout["with"]["persist-credentials"] is False, name
+        if writes:
+            assert "cl-bench verify" not in code and "git push" in code and "--verdicts verdicts" in code, name
+    assert {n for n, j in flow["jobs"].items() if j["permissions"].get("contents") == "write"} == {"publish"}
+    assert flow["jobs"]["publish"]["needs"] == "verify"
+
+
+def _step(flow_file: str, words: str) -> str:
+    import yaml
+
+    flow = yaml.safe_load((WORKFLOWS / flow_file).read_text())
+    return next(s["run"] for j in flow["jobs"].values() for s in j["steps"] if words in s.get("name", ""))
+
+
+@pytest.mark.parametrize("change, ok", [
+    (lambda r: (r / "bundles" / "new.zip").write_bytes(b"z"), True),
+    (lambda r: (r / "bundles" / "new.zip.verification.json").write_text("{}"), False),
+    (lambda r: ((r / "verdicts").mkdir(), (r / "verdicts" / "old.zip.verification.json").write_text("{}")), False),
+    (lambda r: (r / "bundles" / "old.zip").write_bytes(b"changed"), False),
+    (lambda r: (r / "bundles" / "old.zip").unlink(), False),
+    (lambda r: (r / "bundles" / "a b.zip").write_bytes(b"z"), False),
+    (lambda r: (r / "README.md").write_text("docs"), True),
+])
+def test_verify_workflow_refuses_pull_requests_touching_verdicts_or_existing_bundles(tmp_path, change, ok):
+    import os
+    import subprocess
+
+    script = _step("verify.yml", "Refuse any change")
+    repo = tmp_path / "repo"
+    (repo / "bundles").mkdir(parents=True)
+    (repo / "bundles" / "old.zip").write_bytes(b"old")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, env=env, check=True, capture_output=True,  # noqa: E731
+                                    text=True).stdout
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "base")
+    base = git("rev-parse", "HEAD").strip()
+    change(repo)
+    git("add", "-A")
+    git("commit", "-qm", "pr")
+    run = subprocess.run(["bash", "-e", "-c", script], cwd=repo, env={**env, "BASE_SHA": base}, capture_output=True,
+                         text=True)
+    assert (run.returncode == 0) == ok, run.stdout + run.stderr
+
+
+def test_the_board_takes_verdicts_only_from_its_verdicts_folder(labs, tmp_path):
+    bundles, verdicts = tmp_path / "bundles", tmp_path / "verdicts"
+    bundles.mkdir()
+    verdicts.mkdir()
+    shutil.copy(labs["b"], bundles / "b.zip")
+    forged = dict(labs["verdicts"][1], status="verified")  # B's own sha256, status edited: a PR could add it
+    (bundles / "b.zip.verification.json").write_text(json.dumps(forged))
+    local = tmp_path / "local" / "tiny-labs" / "protocol-files"
+    local.mkdir(parents=True)
+    (local / "p.yaml").write_text(PROTOCOL)
+    assert main(["leaderboard", "--results", str(tmp_path / "local"), "--bundles", str(bundles), "--verdicts",
+                 str(verdicts), "--out", str(tmp_path / "s")]) == 0
+    index = (tmp_path / "s" / "index.html").read_text()
+    assert '<b class="">self-reported</b>' in index and 'class="ok">verified<' not in index
+    assert main(["leaderboard", "--results", str(tmp_path / "local"), "--bundles", str(bundles), "--verdicts",
+                 str(tmp_path / "nonexistent"), "--out", str(tmp_path / "s2")]) == 2
 
 
 def test_records_of_another_data_fingerprint_never_share_a_cell(labs, tmp_path, capsys):

@@ -245,7 +245,13 @@ def _add_leaderboard(sub, fmt) -> None:
     lb.add_argument("--bundles", metavar="DIR",
                     help="also merge the bundles (*.zip) in DIR: each is checked here (manifest, schema, metrics, "
                          "protocol equal to the local one of its name and version); its verification status comes "
-                         "only from a <bundle>.zip.verification.json beside it made for that very bundle")
+                         "only from a <bundle>.zip.verification.json under --verdicts made for that very bundle")
+    lb.add_argument("--verdicts", metavar="DIR",
+                    help="with --bundles: the folder of verdicts the board trusts (a results repository: verdicts/, "
+                         "written by its board workflow only; default: the bundles folder, for your own verify runs)")
+    lb.add_argument("--include-unverified", action="store_true",
+                    help="with --bundles: rank the records of bundles whose rerun differs too (marked); by default "
+                         "they are listed but left out of rankings. Self-reported bundles are ranked, labelled")
     lb.add_argument("--contributor", metavar="NAME", help="the name the board shows for the local records "
                                                           "(default: local results)")
 

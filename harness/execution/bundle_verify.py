@@ -166,7 +166,7 @@ def read_verdict(path: Path, bundle_sha256: str) -> tuple[str, str]:
     from ..config.files import read_regular
 
     if not path.is_file():
-        return SELF_REPORTED, "no verification file next to the bundle"
+        return SELF_REPORTED, "no verdict of the board for it (no verification file in the verdicts folder)"
     try:
         data = json.loads(read_regular(path, 2**20).decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):

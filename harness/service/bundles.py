@@ -121,6 +121,8 @@ def merged_records(req: LeaderboardRequest, log=print) -> tuple[list, dict]:
     folder = Path(req.bundles)
     if not folder.is_dir():
         raise SweepError(f"--bundles: {req.bundles} is not a folder; allowed: a folder of bundle .zip files")
+    if req.verdicts and not Path(req.verdicts).is_dir():
+        raise SweepError(f"--verdicts: {req.verdicts} is not a folder; allowed: the folder of the board's verdicts")
     for path in sorted(p for p in folder.iterdir() if p.suffix == ".zip"):
         _add_bundle(req, path, records, sources, log)
     return _keyed(records, sources, log), sources
@@ -131,7 +133,7 @@ def _add_bundle(req: LeaderboardRequest, path: Path, records: list, sources: dic
     from ..config.errors import UserError
     from ..config.text import terminal_safe
     from ..execution.bundle import check_bundle, hardware, read_bundle
-    from ..execution.bundle_verify import read_verdict, verdict_path
+    from ..execution.bundle_verify import VERDICT_SUFFIX, read_verdict
 
     try:
         checked = check_bundle(read_bundle(path))
@@ -146,7 +148,8 @@ def _add_bundle(req: LeaderboardRequest, path: Path, records: list, sources: dic
         log(terminal_safe(f"leaderboard: bundle {path.name} is of protocol {checked.bundle.protocol}; left out "
                           f"(--protocol {req.protocol})"))
         return
-    status, reason = read_verdict(verdict_path(path), checked.bundle.sha256)
+    status, reason = read_verdict(Path(req.verdicts or path.parent) / (path.name + VERDICT_SUFFIX),
+                                  checked.bundle.sha256)
     source = Source(checked.bundle.contributor, status, reason, hardware(checked.environment, checked.records),
                     path.name)
     dup = [r for r in checked.records if r.run_id in sources]

@@ -88,6 +88,8 @@ class LeaderboardRequest:
     force: bool = False  # write the site into a non-empty --out folder that holds no site
     bundles: str | None = None  # a folder of bundles (.zip) merged with the local records (service/bundles.py)
     contributor: str | None = None  # how the board names the local records' contributor
+    verdicts: str | None = None  # the folder of trusted verdicts (default: the bundles folder)
+    include_unverified: bool = False  # rank the records of "rerun differs" bundles too
 
 
 @dataclass(frozen=True)
