@@ -486,6 +486,7 @@ def test_records_of_another_data_fingerprint_never_share_a_cell(labs, tmp_path, 
     index = _board(dict(labs, bundles_dir=bundles), tmp_path, "site3")
     out = capsys.readouterr().out
     assert all(f"record {rid} of Lab B left out: its data fingerprint differs" in out for rid in moved)
+    assert "no local records; the board takes the data fingerprint and backbone weights of bundle a.zip" in out
     assert "Lab B" not in index and "Lab &lt;A&gt; &amp; Co" in index
 
 
@@ -633,3 +634,36 @@ def test_a_bundle_matching_only_a_stale_local_copy_is_refused_naming_the_canonic
                  str(tmp_path / "s")]) == 2
     out = capsys.readouterr().out
     assert "a.zip refused" in out and "new.yaml" in out and "description" in out
+
+
+def test_a_duplicate_run_id_with_other_results_is_flagged_and_the_verified_one_kept(labs, tmp_path, capsys):
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    shutil.copy(labs["a"], bundles / "a.zip")
+    shutil.copy(Path(str(labs["a"]) + ".verification.json"), bundles / "a.zip.verification.json")  # verified
+    first = _first_record(labs["a"])
+    rid = Path(first).stem
+
+    def tampered(m):
+        path = tmp_path / f"{rid}.json"
+        path.write_bytes(m[first])
+        _tamper(path)
+        return {**m, first: path.read_bytes()}
+    _rezip(labs["a"], bundles / "0-early.zip", tampered)  # first by file name, self-reported, same run id
+    _rezip(labs["a"], bundles / "1-copy.zip")  # the very same records again
+    capsys.readouterr()
+    _board(dict(labs, bundles_dir=bundles), tmp_path, "site-d")
+    out = capsys.readouterr().out
+    assert f"CONFLICT: run {rid} is in bundle 0-early.zip and bundle a.zip" in out
+    assert "the board shows bundle a.zip's (verified), flagged" in out
+    assert f"CONFLICT: run {rid} is in bundle 0-early.zip and bundle 1-copy.zip" in out  # both self-reported
+    run_page = (tmp_path / "site-d" / "runs" / f"{slug(rid)}.html").read_text()
+    assert "conflicts with bundle 0-early.zip" in run_page and "verified" in run_page
+    from harness.service.bundles import merged_records
+    from harness.service.requests import LeaderboardRequest
+
+    records, sources = merged_records(LeaderboardRequest(results=str(tmp_path / "local"), bundles=str(bundles)),
+                                      log=lambda *_: None)
+    kept = [r for r in records if r.run_id == rid]
+    original = json.loads(read_bundle(labs["a"]).members[first])
+    assert len(kept) == 1 and kept[0].acc_matrix == original["acc_matrix"] and sources[rid].bundle == "a.zip"

@@ -157,9 +157,51 @@ def _add_bundle(req: LeaderboardRequest, path: Path, records: list, sources: dic
         if r.run_id not in sources:
             records.append(r)
             sources[r.run_id] = source
+    for r in dup:
+        _duplicate(r, source, records, sources, log)
     log(terminal_safe(f"leaderboard: bundle {path.name} ({checked.bundle.contributor}, {status}): "
                       f"{len(checked.records) - len(dup)} records added"
-                      + (f", {len(dup)} already on the board left out" if dup else "")))
+                      + (f", {len(dup)} whose run id is already on the board (see above)" if dup else "")))
+
+
+# Which of two sources of one run id the board keeps: the board's own records, then verified, self-reported,
+# rerun differs (a tie keeps the one already there).
+RANK = {LOCAL: 0, "verified": 1, "self-reported": 2, "rerun differs": 3}
+COMPARED = ("status", "acc_matrix", "metrics", "init_acc")  # a record's results, as a rerun compares them
+
+
+def same_results(a, b) -> bool:
+    """Whether two records of one run id report the same results (status, accuracy matrix, metrics)."""
+    return all(json.dumps(getattr(a, k, None), sort_keys=True, default=str) ==
+               json.dumps(getattr(b, k, None), sort_keys=True, default=str) for k in COMPARED)
+
+
+def _where(src: Source) -> str:
+    return f"bundle {src.bundle}" if src.bundle else "the local results"
+
+
+def _duplicate(new, source: Source, records: list, sources: dict, log) -> None:
+    """A record whose run id is on the board already: keep the better-vouched one (RANK); when their results
+    differ, both sources are named in the log and the kept record's status reason says so (never silent)."""
+    from dataclasses import replace
+
+    from ..config.text import terminal_safe
+
+    at = next(i for i, r in enumerate(records) if r.run_id == new.run_id)
+    old, old_src = records[at], sources[new.run_id]
+    take = RANK.get(source.status, 9) < RANK.get(old_src.status, 9)
+    kept_src, other = (source, old_src) if take else (old_src, source)
+    if same_results(old, new):
+        log(terminal_safe(f"leaderboard: run {new.run_id} is in {_where(old_src)} and {_where(source)} with the same "
+                          f"results; kept once, from {_where(kept_src)} ({kept_src.status})"))
+    else:
+        log(terminal_safe(f"leaderboard: CONFLICT: run {new.run_id} is in {_where(old_src)} and {_where(source)} with "
+                          f"different results; the board shows {_where(kept_src)}'s ({kept_src.status}), flagged"))
+        kept_src = replace(kept_src, reason=f"{kept_src.reason}; run {new.run_id} conflicts with {_where(other)} "
+                                            f"({other.contributor}), whose results for it differ")
+    if take:
+        records[at] = new
+    sources[new.run_id] = kept_src
 
 
 def protocol_mismatch(results, checked) -> str | None:
@@ -215,12 +257,22 @@ def local_protocols(results, name: str) -> dict:
 
 def _keyed(records: list, sources: dict, log) -> list:
     """The records whose data fingerprint and backbone weights are the board's for their data set (the local
-    records' where there are any, else the first bundle's); the others are left out, saying which."""
+    records' where there are any, else the best-vouched bundle's: verified, then self-reported, then by file
+    name, said in the log); the others are left out, saying which."""
     from ..config.text import terminal_safe
 
-    first = {}
-    for r in sorted(records, key=lambda r: (sources[r.run_id].status != LOCAL, sources[r.run_id].bundle)):
-        first.setdefault((r.spec.protocol, r.spec.protocol_version, r.dataset, str(r.spec.scenario)), identity(r))
+    first, chosen = {}, {}
+    for r in sorted(records, key=lambda r: (RANK.get(sources[r.run_id].status, 9), sources[r.run_id].bundle)):
+        key = (r.spec.protocol, r.spec.protocol_version, r.dataset, str(r.spec.scenario))
+        if key not in first:
+            first[key], chosen[key] = identity(r), sources[r.run_id]
+    for key, src in chosen.items():
+        others = {identity(r) for r in records if (r.spec.protocol, r.spec.protocol_version, r.dataset,
+                                                   str(r.spec.scenario)) == key} - {first[key]}
+        if src.status != LOCAL and others:
+            log(terminal_safe(f"leaderboard: data set {key[2]} ({key[1]}, {key[3]}): no local records; the board "
+                              f"takes the data fingerprint and backbone weights of bundle {src.bundle} "
+                              f"({src.contributor}, {src.status}: the best-vouched, then the first by file name)"))
     kept = []
     for r in records:
         key = (r.spec.protocol, r.spec.protocol_version, r.dataset, str(r.spec.scenario))
