@@ -667,3 +667,26 @@ def test_a_duplicate_run_id_with_other_results_is_flagged_and_the_verified_one_k
     kept = [r for r in records if r.run_id == rid]
     original = json.loads(read_bundle(labs["a"]).members[first])
     assert len(kept) == 1 and kept[0].acc_matrix == original["acc_matrix"] and sources[rid].bundle == "a.zip"
+
+
+def test_records_of_a_bundle_whose_rerun_differs_are_left_out_of_rankings_unless_asked(labs, tmp_path):
+    from harness.analysis.frame import records_to_frame
+    from harness.service.bundles import _held, merged_records
+    from harness.service.requests import LeaderboardRequest
+
+    index = _board(labs, tmp_path, "site-h")
+    assert "Left out of the rankings" in index and "--include-unverified" in index
+    run_page = (tmp_path / "site-h" / "runs" / f"{slug(labs['tampered'])}.html").read_text()
+    assert "rerun-differs" in run_page
+    records, sources = merged_records(LeaderboardRequest(results=str(tmp_path / "local"), bundles=str(labs["b"].parent)),
+                                      log=lambda *_: None)
+    from dataclasses import replace
+
+    records = [replace(r, warnings=[]) for r in records]  # the tiny runs' own learning checks aside
+    before = records_to_frame(records).set_index("run_id")["ranked"]
+    after = records_to_frame([_held(r, sources[r.run_id]) for r in records]).set_index("run_id")["ranked"]
+    b_ids = sorted(r.run_id for r in check_bundle(read_bundle(labs["b"])).records)
+    assert before.all() and not after[b_ids].any()  # B's were ranked; held, none is
+    assert after.drop(b_ids).equals(before.drop(b_ids))  # A's (verified) stand as they were
+    index = _board(labs, tmp_path, "site-h2", "--include-unverified")
+    assert "Left out of the rankings" not in index and "rerun differs" in index

@@ -18,6 +18,7 @@ from ..config.errors import SweepError
 from .requests import BundleRequest, LeaderboardRequest, VerifyRequest
 
 LOCAL = "local"  # the verification status of the board's own records
+DIFFERS = "rerun differs"  # bundle_verify.DIFFERS
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,8 @@ def merged_leaderboard(req: LeaderboardRequest, log=print) -> tuple:
         raise SweepError(f"--bundles: no records on the board (none under {req.results}, no bundle merged)")
     if req.out and len(names) > 1:
         raise SweepError(f"--out: {len(names)} protocols found ({', '.join(names)}); add --protocol NAME")
+    if not req.include_unverified:
+        records = [_held(r, sources[r.run_id]) for r in records]
     sites = []
     for name in names:
         shown = view_records([r for r in records if r.spec.protocol == name], req.protocol_version, log=log)
@@ -313,6 +316,19 @@ def merged_leaderboard(req: LeaderboardRequest, log=print) -> tuple:
         print(f"leaderboard: {Path(index).resolve()}")
         sites.append(Path(index))
     return tuple(sites)
+
+
+def _held(record, source: Source):
+    """`record` flagged with the warning contributors.HELD when its bundle's rerun differs (shown, marked, left
+    out of rankings as flagged runs are; leaderboard --include-unverified ranks it); else `record` itself."""
+    from dataclasses import replace
+
+    from ..outputs.site.contributors import HELD
+
+    if source.status != DIFFERS:
+        return record
+    note = {"code": HELD, "task": None, "message": f"bundle {source.bundle}: {source.reason}"[:300]}
+    return replace(record, warnings=[*record.warnings, note])
 
 
 def _root(results, target) -> Path:
