@@ -690,3 +690,17 @@ def test_records_of_a_bundle_whose_rerun_differs_are_left_out_of_rankings_unless
     assert after.drop(b_ids).equals(before.drop(b_ids))  # A's (verified) stand as they were
     index = _board(labs, tmp_path, "site-h2", "--include-unverified")
     assert "Left out of the rankings" not in index and "rerun differs" in index
+
+
+def test_bundle_records_get_no_sweep_command_and_the_board_names_its_results_folder_absolutely(labs, tmp_path):
+    copies = tmp_path / "local" / "tiny-labs" / "protocol-files"
+    copies.mkdir(parents=True)
+    (copies / f"{sha256_hex(PROTOCOL.encode())[:16]}.yaml").write_text(PROTOCOL)
+    with contextlib.chdir(tmp_path):
+        assert main(["leaderboard", "--results", "local", "--bundles", str(labs["a"].parent), "--out", "site"]) == 0
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert f"--results {tmp_path / 'local'}" in index and "--results local " not in index
+    assert "cl-bench verify BUNDLE.zip" in index and "protocol-files" not in index
+    run_page = (tmp_path / "site" / "runs" / f"{slug(labs['tampered'])}.html").read_text()
+    assert "Made by this sweep" not in run_page and "cl-bench run --protocol" not in run_page
+    assert "cl-bench verify b.zip" in run_page

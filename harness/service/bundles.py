@@ -310,7 +310,8 @@ def merged_leaderboard(req: LeaderboardRequest, log=print) -> tuple:
     for name in names:
         shown = view_records([r for r in records if r.spec.protocol == name], req.protocol_version, log=log)
         target = Path(req.out) if req.out else protocol_dir(req.results, name) / SITE
-        index = build_site(shown, target, results_dir=str(req.results), include_flagged=req.include_flagged,
+        index = build_site(shown, target, results_dir=str(Path(req.results).resolve()),
+                           include_flagged=req.include_flagged,
                            rope=req.rope, root=_root(req.results, target), force=req.force or not req.out,
                            sources={r.run_id: sources[r.run_id] for r in shown})
         print(f"leaderboard: {Path(index).resolve()}")
