@@ -704,3 +704,12 @@ def test_bundle_records_get_no_sweep_command_and_the_board_names_its_results_fol
     run_page = (tmp_path / "site" / "runs" / f"{slug(labs['tampered'])}.html").read_text()
     assert "Made by this sweep" not in run_page and "cl-bench run --protocol" not in run_page
     assert "cl-bench verify b.zip" in run_page
+
+
+def test_a_record_member_over_8_mib_is_refused_before_it_is_parsed(labs, tmp_path, capsys):
+    from harness.execution.bundle import RECORD_CAP
+
+    assert RECORD_CAP == 8 * 2**20
+    name = "records/bbbbbbbbbbbb.json"
+    big = _rezip(labs["a"], tmp_path / "big.zip", lambda m: {**m, name: b" " * (RECORD_CAP + 1)})
+    _refused(big, capsys, name, str(RECORD_CAP))

@@ -32,6 +32,9 @@ MAX_TOTAL_BYTES = 512 * 2**20  # inflated, all members together
 MAX_BUNDLE_BYTES = 512 * 2**20  # the zip file itself
 CODE_CAP = 2 * 2**20  # a method file
 SMALL_CAP = 2**20  # manifest, environment, protocol file
+# A record member: records are small (a few hundred KiB); the JSON parser takes several times a member's size in
+# memory, so a tighter cap than the store's per-file limit keeps one bundle from running the board out of memory.
+RECORD_CAP = min(MAX_RECORD_BYTES, 8 * 2**20)
 DIGITS = 16  # of a sha256 in a method or protocol member's name (a file method's implementation digits)
 # Every member name a bundle may hold: a fixed layout, flat folders, names made of hex digits.
 MEMBER = re.compile(r"(records/[0-9a-f]{12}\.json|methods/[0-9a-f]{16}\.py|protocol/[0-9a-f]{16}\.yaml"
@@ -63,7 +66,7 @@ class Bundle:
 
 def _cap(name: str) -> int:
     if name.startswith("records/"):
-        return MAX_RECORD_BYTES
+        return RECORD_CAP
     return CODE_CAP if name.startswith("methods/") else SMALL_CAP
 
 
