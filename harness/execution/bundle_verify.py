@@ -1,5 +1,6 @@
 """`cl-bench verify`: the cheap checks of a bundle (bundle.check_bundle, no bundled code runs), then reruns
-of K sampled records with `reproduce` (which runs the bundled method files, and only those whose sha256 the
+of K records sampled with the verifier's seed (never the bundle's bytes, which its contributor controls) with
+`reproduce` (which runs the bundled method files, and only those whose sha256 the
 record's run id covers); the verdict: *verified*, *self-reported* or *rerun differs*, with the reason."""
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from .bundle import Checked, check_bundle, file_digest, hardware, read_bundle
 VERDICT_FORMAT = 1
 VERIFIED, SELF_REPORTED, DIFFERS = "verified", "self-reported", "rerun differs"
 STATUSES = (VERIFIED, SELF_REPORTED, DIFFERS)
-VERDICT_SUFFIX = ".verification.json"  # <bundle>.zip.verification.json: where the board looks for a verdict
+VERDICT_SUFFIX = ".verification.json"  # <bundle>.zip.verification.json, in the board's verdicts folder
 ALL = -1  # --sample all: rerun every finished record
 SEED_SHAPE = "1-200 printable ASCII characters"
 CODE_NOTE = ("reruns execute the bundled method files (Python code from the contributor); the checks before "

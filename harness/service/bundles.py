@@ -2,11 +2,13 @@
 bundles (`leaderboard --bundles DIR`).
 
 The board trusts no status a bundle claims: it reruns the cheap checks itself (manifest, schema, metrics,
-fingerprints) and takes a rerun verdict only from a verification file next to the bundle whose bundle
-sha256 is the bundle's. Records are keyed so that another protocol version, data fingerprint, backbone
-weights, regime or scenario never shares a cell: a bundle's protocol must be the local protocol of that
-name and version (parsed YAML equal), and a record whose data fingerprint or backbone weights differ from
-the board's for its data set is left out, saying so.
+fingerprints, grid) and takes a rerun verdict only from a verification file in the verdicts folder
+(--verdicts; default the bundles folder) whose bundle sha256 is the bundle's. Records are keyed so that
+another protocol version, data fingerprint, backbone weights, regime or scenario never shares a cell: a
+bundle's protocol must be the board's canonical protocol of that name and version (parsed YAML equal), and
+a record whose data fingerprint or backbone weights differ from the board's for its data set is left out,
+saying so. A run id in two sources is kept once (the better-vouched), a conflict said; records of a bundle
+whose rerun differs are flagged (left out of rankings) unless include_unverified.
 """
 from __future__ import annotations
 
