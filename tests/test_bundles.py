@@ -713,3 +713,59 @@ def test_a_record_member_over_8_mib_is_refused_before_it_is_parsed(labs, tmp_pat
     name = "records/bbbbbbbbbbbb.json"
     big = _rezip(labs["a"], tmp_path / "big.zip", lambda m: {**m, name: b" " * (RECORD_CAP + 1)})
     _refused(big, capsys, name, str(RECORD_CAP))
+
+
+@pytest.mark.parametrize("name", ["smoke", "depth-sweep-mini", "classil-sweep-mini"])
+def test_the_grid_planned_without_method_code_is_the_protocols_own(name):
+    from harness.api.registry import get_registry
+    from harness.config.protocol import load_protocol, resolve_protocol_path
+    from harness.config.yamlfile import read_yaml
+    from harness.execution.plan import expand
+
+    path = resolve_protocol_path(name)
+    protocol = load_protocol(name, get_registry())
+    real = expand(protocol, {d.name: "" for d in protocol.datasets})  # with every method, loaded
+    b = bundle_mod.Bundle(Path("x.zip"), "0" * 64, protocol.name, protocol.version, "t", {})
+    cells, skip = bundle_mod._cells(b, read_yaml(path.read_text(), str(path)))
+    assert skip == "" and len(cells) < len(real)
+    assert {json.dumps(bundle_mod._setting(s.to_dict()), sort_keys=True) for s in real} == \
+        {json.dumps(c, sort_keys=True) for c in cells}
+
+
+def test_the_pull_request_comment_counts_a_malformed_board_bundle_as_refused(labs, tmp_path):
+    import yaml
+
+    def edit(m):
+        old = next(n for n in m if n.startswith("protocol/"))
+        doc = yaml.safe_load(m[old])
+        doc["regimes"] = [{"a": 1}]
+        text = yaml.safe_dump(doc).encode()
+        return {**{n: b for n, b in m.items() if n != old}, f"protocol/{sha256_hex(text)[:16]}.yaml": text}
+    board = tmp_path / "board"
+    board.mkdir()
+    _rezip(labs["a"], board / "bad.zip", edit)
+    shutil.copy(labs["b"], board / "b.zip")
+    out = tmp_path / "c.md"
+    assert main(["verify", str(labs["a"]), "--sample", "0", "-o", str(tmp_path / "v.json"), "--markdown", str(out),
+                 "--board", str(board)]) == 0
+    assert "Board: 1 bundle(s)" in out.read_text() and "1 refused by the checks" in out.read_text()
+
+
+def test_download_fetches_the_records_data_set_before_the_rerun(labs, tmp_path, monkeypatch):
+    import harness.execution.reproduce as reproduce
+    import harness.run.datasets as datasets
+
+    calls = []
+    monkeypatch.setattr(datasets, "dataset_fingerprint", lambda name, data_dir, download: calls.append(
+        (name, data_dir, download)))
+
+    class Rep:
+        verdict, max_delta, differences = "bitwise", 0.0, ()
+    monkeypatch.setattr(reproduce, "reproduce", lambda *a, **k: Rep())
+    out = tmp_path / "v.json"
+    assert main(["verify", str(labs["a"]), "--sample", "1", "--download", "--data-dir", str(tmp_path), "-o",
+                 str(out)]) == 0
+    assert calls == [("digits", str(tmp_path), True)]
+    calls.clear()
+    assert main(["verify", str(labs["a"]), "--sample", "1", "-o", str(out)]) == 0
+    assert calls == []

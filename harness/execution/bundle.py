@@ -289,9 +289,10 @@ def _in_grid(b: Bundle, records, cells: list, skip: str) -> str:
     cell of the grid; the check's line for the verdict."""
     if skip:
         return f"grid: not checked ({skip}: files a bundle does not hold)"
+    known = {json.dumps(c, sort_keys=True) for c in cells}
     for r in records:
         mine = _setting(r.spec.to_dict())
-        if mine not in cells:
+        if json.dumps(mine, sort_keys=True) not in known:
             keys = min((_differing(mine, c) for c in cells), key=len)
             raise BundleError(f"{b.path}: record {r.run_id} is not a cell of the bundled protocol's grid: its "
                               f"{', '.join(keys[:4])} differ from the nearest cell's (same name and version, "
