@@ -330,6 +330,8 @@ def test_a_malformed_bundled_protocol_is_refused_in_one_line(labs, tmp_path, cap
         return {**{n: b for n, b in m.items() if n != old}, f"protocol/{sha256_hex(text)[:16]}.yaml": text}
     bad = _rezip(labs["a"], tmp_path / "p.zip", edit)
     _refused(bad, capsys, "p.zip", section)
+    if value != [{"a": 1}]:
+        return  # the board's handling, once (it is the same refusal)
     # on a board, the bad bundle is refused and the others still build
     bundles = tmp_path / "bundles"
     bundles.mkdir()
