@@ -771,3 +771,56 @@ def test_download_fetches_the_records_data_set_before_the_rerun(labs, tmp_path, 
     calls.clear()
     assert main(["verify", str(labs["a"]), "--sample", "1", "-o", str(out)]) == 0
     assert calls == []
+
+
+def _fake_cl_bench(tmp_path: Path) -> tuple[dict, Path]:
+    """An environment whose `cl-bench` only logs its arguments (one call a line) to the returned file."""
+    import os
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    (bin_dir / "cl-bench").write_text(f'#!/bin/bash\nprintf "%s\\n" "$*" >> {log}\n')
+    (bin_dir / "cl-bench").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
+
+
+def test_the_board_verifies_each_bundle_without_a_verdict_of_that_very_bundle(tmp_path):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "bundles").mkdir(parents=True)
+    (repo / "verdicts").mkdir()
+    for name, body in (("kept.zip", b"kept"), ("edited.zip", b"edited"), ("new.zip", b"new")):
+        (repo / "bundles" / name).write_bytes(body)
+    (repo / "verdicts" / "kept.zip.verification.json").write_text(
+        json.dumps({"bundle_sha256": sha256_hex(b"kept"), "status": "verified"}, indent=1, sort_keys=True))
+    (repo / "verdicts" / "edited.zip.verification.json").write_text(
+        json.dumps({"bundle_sha256": sha256_hex(b"before"), "status": "verified"}, indent=1, sort_keys=True))
+    (repo / "bundles" / "new.zip.verification.json").write_text("{}")  # beside the bundle: never a board verdict
+    env, log = _fake_cl_bench(tmp_path)
+    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "Verify each bundle")], cwd=repo,
+                         env={**env, "CL_BENCH_DATA": str(tmp_path / "data")}, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    calls = sorted(log.read_text().splitlines())
+    assert [c.split()[1] for c in calls] == ["bundles/edited.zip", "bundles/new.zip"]
+    assert all("--seed" not in c and "-o new-verdicts/" in c for c in calls)
+
+
+def test_the_publish_job_takes_only_verdict_files_of_bundles_and_builds_each_protocols_board(tmp_path):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    for d in ("bundles", "new-verdicts", "results/p-one/protocol-files", "results/p-two/protocol-files"):
+        (repo / d).mkdir(parents=True)
+    (repo / "bundles" / "a.zip").write_bytes(b"a")
+    (repo / "new-verdicts" / "a.zip.verification.json").write_text("{}")
+    (repo / "new-verdicts" / "ghost.zip.verification.json").write_text("{}")  # no such bundle
+    (repo / "new-verdicts" / "notes.txt").write_text("x")
+    env, log = _fake_cl_bench(tmp_path)
+    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "Take the new verdicts")], cwd=repo, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in (repo / "verdicts").iterdir()) == ["a.zip.verification.json"]
+    calls = log.read_text().splitlines()
+    assert [c.split("--protocol ")[1].split()[0] for c in calls] == ["p-one", "p-two"]
+    assert all("--verdicts verdicts" in c and "verify" not in c.split()[0] for c in calls)
