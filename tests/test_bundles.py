@@ -272,13 +272,13 @@ def test_untrusted_manifest_fields_are_refused(labs, tmp_path, capsys):
 
 
 def test_a_protocol_of_the_same_name_and_version_with_other_settings_is_refused_by_the_board(labs, tmp_path, capsys):
-    def other_lr(m):
+    def other_text(m):
         old = next(n for n in m if n.startswith("protocol/"))
-        text = m[old].replace(b"lr: 0.05", b"lr: 0.5")
+        text = m[old].replace(b"two labs, one cell each", b"two labs, edited")
         return {**{n: b for n, b in m.items() if n != old}, f"protocol/{sha256_hex(text)[:16]}.yaml": text}
     bundles = tmp_path / "bundles"
     bundles.mkdir()
-    forged = _rezip(labs["a"], bundles / "a2.zip", other_lr)
+    forged = _rezip(labs["a"], bundles / "a2.zip", other_text)
     check_bundle(read_bundle(forged))  # self-consistent: only the comparison with the local protocol tells
     capsys.readouterr()
     local = tmp_path / "local"
@@ -287,8 +287,58 @@ def test_a_protocol_of_the_same_name_and_version_with_other_settings_is_refused_
     assert main(["leaderboard", "--results", str(local), "--bundles", str(bundles), "--out",
                  str(tmp_path / "s")]) == 2  # nothing left to show
     out = capsys.readouterr()
-    assert "a2.zip refused" in out.out and "differs from the local one" in out.out and "training" in out.out
+    assert "a2.zip refused" in out.out and "differs from the board's" in out.out and "description" in out.out
+    assert "x.yaml" in out.out  # which local copy it was compared with
     assert out.err.count("\n") == 1
+
+
+def _respec(edit_spec):
+    """A bundle edit that changes every record's spec and re-derives its run id (a consistent record)."""
+    from harness.config.specs import run_id_of
+
+    def edit(m):
+        out = {}
+        for n, b in m.items():
+            if n.startswith("records/"):
+                data = json.loads(b)
+                edit_spec(data["spec"])
+                data["run_id"] = run_id_of(data["spec"])
+                n, b = f"records/{data['run_id']}.json", json.dumps(data).encode()
+            out[n] = b
+        return out
+    return edit
+
+
+def test_records_run_with_other_settings_under_the_protocols_name_and_version_are_refused(labs, tmp_path, capsys):
+    def two_epochs(spec):
+        spec["training"]["epochs"] = 2
+    forged = _rezip(labs["a"], tmp_path / "e2.zip", _respec(two_epochs))
+    err = _refused(forged, capsys, "not a cell of the bundled protocol's grid", "training.epochs")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("section, value", [("regimes", [{"a": 1}]), ("regimes", 5), ("datasets", 7),
+                                            ("methods", "naive"), ("datasets", [{"name": "nope"}])])
+def test_a_malformed_bundled_protocol_is_refused_in_one_line(labs, tmp_path, capsys, section, value):
+    import yaml
+
+    def edit(m):
+        old = next(n for n in m if n.startswith("protocol/"))
+        doc = yaml.safe_load(m[old])
+        doc[section] = value
+        text = yaml.safe_dump(doc).encode()
+        return {**{n: b for n, b in m.items() if n != old}, f"protocol/{sha256_hex(text)[:16]}.yaml": text}
+    bad = _rezip(labs["a"], tmp_path / "p.zip", edit)
+    _refused(bad, capsys, "p.zip", section)
+    if value != [{"a": 1}]:
+        return  # the board's handling, once (it is the same refusal)
+    # on a board, the bad bundle is refused and the others still build
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    shutil.copy(bad, bundles / "bad.zip")
+    shutil.copy(labs["a"], bundles / "a.zip")
+    index = _board(dict(labs, bundles_dir=bundles), tmp_path, "site-p")
+    assert "bad.zip refused" in capsys.readouterr().out and "Lab &lt;A&gt; &amp; Co" in index
 
 
 def test_read_bundle_refuses_a_non_zip(tmp_path):
@@ -332,10 +382,88 @@ def test_the_workflow_that_runs_pull_request_code_has_a_read_only_token():
     import yaml
 
     flow = yaml.safe_load((WORKFLOWS / "verify.yml").read_text())
-    assert list(flow.get("on", flow.get(True))) == ["pull_request"] and flow["permissions"] == {"contents": "read"}
+    triggers = flow.get("on", flow.get(True))
+    assert list(triggers) == ["pull_request"] and flow["permissions"] == {"contents": "read"}
+    assert "verdicts/**" in triggers["pull_request"]["paths"]  # a PR touching verdicts/ runs the check, which fails
     steps = flow["jobs"]["verify"]["steps"]
     assert steps[0]["with"]["persist-credentials"] is False
     assert any("cl-bench verify" in s.get("run", "") and "--markdown" in s.get("run", "") for s in steps)
+
+
+def test_the_board_workflow_runs_bundle_code_only_in_a_read_only_job():
+    import yaml
+
+    flow = yaml.safe_load((WORKFLOWS / "board.yml").read_text())
+    assert flow["permissions"] == {}
+    for name, job in flow["jobs"].items():
+        code = "\n".join(s.get("run", "") for s in job["steps"])
+        writes = job["permissions"].get("contents") == "write"
+        checkout = next(s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout"))
+        if "cl-bench verify" in code:  # reruns execute bundled method files
+            assert not writes and job["permissions"] == {"contents": "read"}, name
+            assert checkout["with"]["persist-credentials"] is False, name
+        if writes:
+            assert "cl-bench verify" not in code and "git push" in code and "--verdicts verdicts" in code, name
+    assert {n for n, j in flow["jobs"].items() if j["permissions"].get("contents") == "write"} == {"publish"}
+    assert flow["jobs"]["publish"]["needs"] == "verify"
+
+
+def _step(flow_file: str, words: str) -> str:
+    import yaml
+
+    flow = yaml.safe_load((WORKFLOWS / flow_file).read_text())
+    return next(s["run"] for j in flow["jobs"].values() for s in j["steps"] if words in s.get("name", ""))
+
+
+@pytest.mark.parametrize("change, ok", [
+    (lambda r: (r / "bundles" / "new.zip").write_bytes(b"z"), True),
+    (lambda r: (r / "bundles" / "new.zip.verification.json").write_text("{}"), False),
+    (lambda r: ((r / "verdicts").mkdir(), (r / "verdicts" / "old.zip.verification.json").write_text("{}")), False),
+    (lambda r: (r / "bundles" / "old.zip").write_bytes(b"changed"), False),
+    (lambda r: (r / "bundles" / "old.zip").unlink(), False),
+    (lambda r: (r / "bundles" / "a b.zip").write_bytes(b"z"), False),
+    (lambda r: (r / "README.md").write_text("docs"), True),
+])
+def test_verify_workflow_refuses_pull_requests_touching_verdicts_or_existing_bundles(tmp_path, change, ok):
+    import os
+    import subprocess
+
+    script = _step("verify.yml", "Refuse any change")
+    repo = tmp_path / "repo"
+    (repo / "bundles").mkdir(parents=True)
+    (repo / "bundles" / "old.zip").write_bytes(b"old")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, env=env, check=True, capture_output=True,  # noqa: E731
+                                    text=True).stdout
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "base")
+    base = git("rev-parse", "HEAD").strip()
+    change(repo)
+    git("add", "-A")
+    git("commit", "-qm", "pr")
+    run = subprocess.run(["bash", "-e", "-c", script], cwd=repo, env={**env, "BASE_SHA": base}, capture_output=True,
+                         text=True)
+    assert (run.returncode == 0) == ok, run.stdout + run.stderr
+
+
+def test_the_board_takes_verdicts_only_from_its_verdicts_folder(labs, tmp_path):
+    bundles, verdicts = tmp_path / "bundles", tmp_path / "verdicts"
+    bundles.mkdir()
+    verdicts.mkdir()
+    shutil.copy(labs["b"], bundles / "b.zip")
+    forged = dict(labs["verdicts"][1], status="verified")  # B's own sha256, status edited: a PR could add it
+    (bundles / "b.zip.verification.json").write_text(json.dumps(forged))
+    local = tmp_path / "local" / "tiny-labs" / "protocol-files"
+    local.mkdir(parents=True)
+    (local / "p.yaml").write_text(PROTOCOL)
+    assert main(["leaderboard", "--results", str(tmp_path / "local"), "--bundles", str(bundles), "--verdicts",
+                 str(verdicts), "--out", str(tmp_path / "s")]) == 0
+    index = (tmp_path / "s" / "index.html").read_text()
+    assert '<b class="">self-reported</b>' in index and 'class="ok">verified<' not in index
+    assert main(["leaderboard", "--results", str(tmp_path / "local"), "--bundles", str(bundles), "--verdicts",
+                 str(tmp_path / "nonexistent"), "--out", str(tmp_path / "s2")]) == 2
 
 
 def test_records_of_another_data_fingerprint_never_share_a_cell(labs, tmp_path, capsys):
@@ -360,6 +488,7 @@ def test_records_of_another_data_fingerprint_never_share_a_cell(labs, tmp_path, 
     index = _board(dict(labs, bundles_dir=bundles), tmp_path, "site3")
     out = capsys.readouterr().out
     assert all(f"record {rid} of Lab B left out: its data fingerprint differs" in out for rid in moved)
+    assert "no local records; the board takes the data fingerprint and backbone weights of bundle a.zip" in out
     assert "Lab B" not in index and "Lab &lt;A&gt; &amp; Co" in index
 
 
@@ -417,3 +546,281 @@ def test_cells_are_keyed_by_the_weights_content_not_their_cache_path(labs):
     elsewhere = replace(record, provenance=dict(prov, pretrained={**prov["pretrained"], "path": "/lab-b/w.pt"}))
     other = replace(record, provenance=dict(prov, pretrained={**prov["pretrained"], "sha256": "cd" * 32}))
     assert identity(here) == identity(elsewhere) and identity(here) != identity(other)
+
+
+# ---- the sample is the verifier's, not the contributor's ------------------------------------------------
+
+def _first_by(seed: str, run_ids) -> str:
+    """The record a sample of one draws with `seed` (computed here, independently of bundle_verify)."""
+    import hashlib
+
+    return min(run_ids, key=lambda rid: hashlib.sha256(f"{seed}:{rid}".encode()).hexdigest())
+
+
+def test_a_sample_the_contributor_could_steer_is_drawn_by_the_verifiers_seed(labs, tmp_path):
+    import hashlib
+
+    ids = sorted(r.run_id for r in check_bundle(read_bundle(labs["b"])).records)
+    # re-bundle B under other contributor names until the old draw (seeded by the bundle's own sha256) misses
+    # the edited record: what a contributor could do when the bundle's bytes decided the sample
+    steered = None
+    for i in range(40):
+        def renamed(m, i=i):
+            data = json.loads(m[MANIFEST])
+            data["contributor"] = f"Lab B{i}"
+            return {**m, MANIFEST: json.dumps(data).encode()}
+        path = _rezip(labs["b"], tmp_path / f"b{i}.zip", renamed)
+        sha = sha256_hex(path.read_bytes())
+        old_pick = min(ids, key=lambda rid: hashlib.sha256(f"{sha}:{rid}".encode()).hexdigest())
+        if old_pick != labs["tampered"]:
+            steered = path
+            break
+    assert steered is not None
+    hit = next(f"s{i}" for i in range(100) if _first_by(f"s{i}", ids) == labs["tampered"])
+    miss = next(f"s{i}" for i in range(100) if _first_by(f"s{i}", ids) != labs["tampered"])
+    out = tmp_path / "v.json"
+    assert main(["verify", str(steered), "--sample", "1", "--seed", hit, "-o", str(out)]) == 1
+    verdict = json.loads(out.read_text())
+    assert verdict["status"] == "rerun differs" and verdict["seed"] == hit
+    assert [r["run_id"] for r in verdict["reruns"]] == [labs["tampered"]]
+    assert f"1 of 2 finished records rerun (seed {hit})" in verdict["reason"]
+    assert main(["verify", str(steered), "--sample", "1", "--seed", miss, "-o", str(out)]) == 0
+    verdict = json.loads(out.read_text())
+    assert verdict["status"] == "verified" and verdict["seed"] == miss and verdict["finished"] == 2
+    assert "1 of 2 finished records rerun" in verdict["reason"]
+
+
+def test_without_a_seed_each_verification_draws_its_own_and_records_it(labs, tmp_path):
+    seeds = []
+    for i in range(2):
+        out = tmp_path / f"v{i}.json"
+        assert main(["verify", str(labs["a"]), "--sample", "0", "-o", str(out)]) == 0
+        seeds.append(json.loads(out.read_text())["seed"])
+    assert len(seeds[0]) == 32 and seeds[0] != seeds[1]
+
+
+def test_sample_all_reruns_every_finished_record(labs, tmp_path):
+    out = tmp_path / "v.json"
+    assert main(["verify", str(labs["b"]), "--sample", "all", "--seed", "x", "-o", str(out)]) == 1
+    verdict = json.loads(out.read_text())
+    assert verdict["sample"] == -1 and len(verdict["reruns"]) == 2 and "2 of 2 finished records" in verdict["reason"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["-o", "/nonexistent-dir/v.json"], ["-o", "/nonexistent-dir"]),
+    (["--markdown", "/nonexistent-dir/c.md"], ["--markdown"]),
+    (["--board", "/nonexistent-dir"], ["--board", "not a folder"]),
+    (["--seed", "a\tb"], ["--seed"]),
+])
+def test_bad_verify_outputs_are_refused_before_any_work(labs, capsys, monkeypatch, argv, words):
+    import harness.execution.bundle_verify as bv
+
+    monkeypatch.setattr(bv, "check_bundle", lambda *a: (_ for _ in ()).throw(AssertionError("work was done")))
+    assert main(["verify", str(labs["a"]), "--sample", "0", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and all(w in err for w in words), err
+
+
+def test_a_bundle_matching_only_a_stale_local_copy_is_refused_naming_the_canonical_one(labs, tmp_path, capsys):
+    import os
+
+    copies = tmp_path / "local" / "tiny-labs" / "protocol-files"
+    copies.mkdir(parents=True)
+    (copies / "old.yaml").write_text(PROTOCOL)  # the bundle's protocol, but an older copy
+    (copies / "new.yaml").write_text(PROTOCOL.replace("two labs, one cell each", "the board's current text"))
+    os.utime(copies / "old.yaml", (1_000_000, 1_000_000))
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    shutil.copy(labs["a"], bundles / "a.zip")
+    assert main(["leaderboard", "--results", str(tmp_path / "local"), "--bundles", str(bundles), "--out",
+                 str(tmp_path / "s")]) == 2
+    out = capsys.readouterr().out
+    assert "a.zip refused" in out and "new.yaml" in out and "description" in out
+
+
+def test_a_duplicate_run_id_with_other_results_is_flagged_and_the_verified_one_kept(labs, tmp_path, capsys):
+    bundles = tmp_path / "bundles"
+    bundles.mkdir()
+    shutil.copy(labs["a"], bundles / "a.zip")
+    shutil.copy(Path(str(labs["a"]) + ".verification.json"), bundles / "a.zip.verification.json")  # verified
+    first = _first_record(labs["a"])
+    rid = Path(first).stem
+
+    def tampered(m):
+        path = tmp_path / f"{rid}.json"
+        path.write_bytes(m[first])
+        _tamper(path)
+        return {**m, first: path.read_bytes()}
+    _rezip(labs["a"], bundles / "0-early.zip", tampered)  # first by file name, self-reported, same run id
+    _rezip(labs["a"], bundles / "1-copy.zip")  # the very same records again
+    capsys.readouterr()
+    _board(dict(labs, bundles_dir=bundles), tmp_path, "site-d")
+    out = capsys.readouterr().out
+    assert f"CONFLICT: run {rid} is in bundle 0-early.zip and bundle a.zip" in out
+    assert "the board shows bundle a.zip's (verified), flagged" in out
+    assert f"CONFLICT: run {rid} is in bundle 0-early.zip and bundle 1-copy.zip" in out  # both self-reported
+    run_page = (tmp_path / "site-d" / "runs" / f"{slug(rid)}.html").read_text()
+    assert "conflicts with bundle 0-early.zip" in run_page and "verified" in run_page
+    from harness.service.bundles import merged_records
+    from harness.service.requests import LeaderboardRequest
+
+    records, sources = merged_records(LeaderboardRequest(results=str(tmp_path / "local"), bundles=str(bundles)),
+                                      log=lambda *_: None)
+    kept = [r for r in records if r.run_id == rid]
+    original = json.loads(read_bundle(labs["a"]).members[first])
+    assert len(kept) == 1 and kept[0].acc_matrix == original["acc_matrix"] and sources[rid].bundle == "a.zip"
+
+
+def test_records_of_a_bundle_whose_rerun_differs_are_left_out_of_rankings_unless_asked(labs, tmp_path):
+    from harness.analysis.frame import records_to_frame
+    from harness.service.bundles import _held, merged_records
+    from harness.service.requests import LeaderboardRequest
+
+    index = _board(labs, tmp_path, "site-h")
+    assert "Left out of the rankings" in index and "--include-unverified" in index
+    run_page = (tmp_path / "site-h" / "runs" / f"{slug(labs['tampered'])}.html").read_text()
+    assert "rerun-differs" in run_page
+    records, sources = merged_records(LeaderboardRequest(results=str(tmp_path / "local"), bundles=str(labs["b"].parent)),
+                                      log=lambda *_: None)
+    from dataclasses import replace
+
+    records = [replace(r, warnings=[]) for r in records]  # the tiny runs' own learning checks aside
+    before = records_to_frame(records).set_index("run_id")["ranked"]
+    after = records_to_frame([_held(r, sources[r.run_id]) for r in records]).set_index("run_id")["ranked"]
+    b_ids = sorted(r.run_id for r in check_bundle(read_bundle(labs["b"])).records)
+    assert before.all() and not after[b_ids].any()  # B's were ranked; held, none is
+    assert after.drop(b_ids).equals(before.drop(b_ids))  # A's (verified) stand as they were
+    index = _board(labs, tmp_path, "site-h2", "--include-unverified")
+    assert "Left out of the rankings" not in index and "rerun differs" in index
+
+
+def test_bundle_records_get_no_sweep_command_and_the_board_names_its_results_folder_absolutely(labs, tmp_path):
+    copies = tmp_path / "local" / "tiny-labs" / "protocol-files"
+    copies.mkdir(parents=True)
+    (copies / f"{sha256_hex(PROTOCOL.encode())[:16]}.yaml").write_text(PROTOCOL)
+    with contextlib.chdir(tmp_path):
+        assert main(["leaderboard", "--results", "local", "--bundles", str(labs["a"].parent), "--out", "site"]) == 0
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert f"--results {tmp_path / 'local'}" in index and "--results local " not in index
+    assert "cl-bench verify BUNDLE.zip" in index and "protocol-files" not in index
+    run_page = (tmp_path / "site" / "runs" / f"{slug(labs['tampered'])}.html").read_text()
+    assert "Made by this sweep" not in run_page and "cl-bench run --protocol" not in run_page
+    assert "cl-bench verify b.zip" in run_page
+
+
+def test_a_record_member_over_8_mib_is_refused_before_it_is_parsed(labs, tmp_path, capsys):
+    from harness.execution.bundle import RECORD_CAP
+
+    assert RECORD_CAP == 8 * 2**20
+    name = "records/bbbbbbbbbbbb.json"
+    big = _rezip(labs["a"], tmp_path / "big.zip", lambda m: {**m, name: b" " * (RECORD_CAP + 1)})
+    _refused(big, capsys, name, str(RECORD_CAP))
+
+
+@pytest.mark.parametrize("name", ["smoke", "depth-sweep-mini", "classil-sweep-mini"])
+def test_the_grid_planned_without_method_code_is_the_protocols_own(name):
+    from harness.api.registry import get_registry
+    from harness.config.protocol import load_protocol, resolve_protocol_path
+    from harness.config.yamlfile import read_yaml
+    from harness.execution.plan import expand
+
+    path = resolve_protocol_path(name)
+    protocol = load_protocol(name, get_registry())
+    real = expand(protocol, {d.name: "" for d in protocol.datasets})  # with every method, loaded
+    b = bundle_mod.Bundle(Path("x.zip"), "0" * 64, protocol.name, protocol.version, "t", {})
+    cells, skip = bundle_mod._cells(b, read_yaml(path.read_text(), str(path)))
+    assert skip == "" and len(cells) < len(real)
+    assert {json.dumps(bundle_mod._setting(s.to_dict()), sort_keys=True) for s in real} == \
+        {json.dumps(c, sort_keys=True) for c in cells}
+
+
+def test_the_pull_request_comment_counts_a_malformed_board_bundle_as_refused(labs, tmp_path):
+    import yaml
+
+    def edit(m):
+        old = next(n for n in m if n.startswith("protocol/"))
+        doc = yaml.safe_load(m[old])
+        doc["regimes"] = [{"a": 1}]
+        text = yaml.safe_dump(doc).encode()
+        return {**{n: b for n, b in m.items() if n != old}, f"protocol/{sha256_hex(text)[:16]}.yaml": text}
+    board = tmp_path / "board"
+    board.mkdir()
+    _rezip(labs["a"], board / "bad.zip", edit)
+    shutil.copy(labs["b"], board / "b.zip")
+    out = tmp_path / "c.md"
+    assert main(["verify", str(labs["a"]), "--sample", "0", "-o", str(tmp_path / "v.json"), "--markdown", str(out),
+                 "--board", str(board)]) == 0
+    assert "Board: 1 bundle(s)" in out.read_text() and "1 refused by the checks" in out.read_text()
+
+
+def test_download_fetches_the_records_data_set_before_the_rerun(labs, tmp_path, monkeypatch):
+    import harness.execution.reproduce as reproduce
+    import harness.run.datasets as datasets
+
+    calls = []
+    monkeypatch.setattr(datasets, "dataset_fingerprint", lambda name, data_dir, download: calls.append(
+        (name, data_dir, download)))
+
+    class Rep:
+        verdict, max_delta, differences = "bitwise", 0.0, ()
+    monkeypatch.setattr(reproduce, "reproduce", lambda *a, **k: Rep())
+    out = tmp_path / "v.json"
+    assert main(["verify", str(labs["a"]), "--sample", "1", "--download", "--data-dir", str(tmp_path), "-o",
+                 str(out)]) == 0
+    assert calls == [("digits", str(tmp_path), True)]
+    calls.clear()
+    assert main(["verify", str(labs["a"]), "--sample", "1", "-o", str(out)]) == 0
+    assert calls == []
+
+
+def _fake_cl_bench(tmp_path: Path) -> tuple[dict, Path]:
+    """An environment whose `cl-bench` only logs its arguments (one call a line) to the returned file."""
+    import os
+
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    (bin_dir / "cl-bench").write_text(f'#!/bin/bash\nprintf "%s\\n" "$*" >> {log}\n')
+    (bin_dir / "cl-bench").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
+
+
+def test_the_board_verifies_each_bundle_without_a_verdict_of_that_very_bundle(tmp_path):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    (repo / "bundles").mkdir(parents=True)
+    (repo / "verdicts").mkdir()
+    for name, body in (("kept.zip", b"kept"), ("edited.zip", b"edited"), ("new.zip", b"new")):
+        (repo / "bundles" / name).write_bytes(body)
+    (repo / "verdicts" / "kept.zip.verification.json").write_text(
+        json.dumps({"bundle_sha256": sha256_hex(b"kept"), "status": "verified"}, indent=1, sort_keys=True))
+    (repo / "verdicts" / "edited.zip.verification.json").write_text(
+        json.dumps({"bundle_sha256": sha256_hex(b"before"), "status": "verified"}, indent=1, sort_keys=True))
+    (repo / "bundles" / "new.zip.verification.json").write_text("{}")  # beside the bundle: never a board verdict
+    env, log = _fake_cl_bench(tmp_path)
+    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "Verify each bundle")], cwd=repo,
+                         env={**env, "CL_BENCH_DATA": str(tmp_path / "data")}, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    calls = sorted(log.read_text().splitlines())
+    assert [c.split()[1] for c in calls] == ["bundles/edited.zip", "bundles/new.zip"]
+    assert all("--seed" not in c and "-o new-verdicts/" in c for c in calls)
+
+
+def test_the_publish_job_takes_only_verdict_files_of_bundles_and_builds_each_protocols_board(tmp_path):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    for d in ("bundles", "new-verdicts", "results/p-one/protocol-files", "results/p-two/protocol-files"):
+        (repo / d).mkdir(parents=True)
+    (repo / "bundles" / "a.zip").write_bytes(b"a")
+    (repo / "new-verdicts" / "a.zip.verification.json").write_text("{}")
+    (repo / "new-verdicts" / "ghost.zip.verification.json").write_text("{}")  # no such bundle
+    (repo / "new-verdicts" / "notes.txt").write_text("x")
+    env, log = _fake_cl_bench(tmp_path)
+    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "Take the new verdicts")], cwd=repo, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in (repo / "verdicts").iterdir()) == ["a.zip.verification.json"]
+    calls = log.read_text().splitlines()
+    assert [c.split("--protocol ")[1].split()[0] for c in calls] == ["p-one", "p-two"]
+    assert all("--verdicts verdicts" in c and "verify" not in c.split()[0] for c in calls)

@@ -96,6 +96,11 @@ def _positive_int(value: str) -> int:
     return number
 
 
+def _sample_size(value: str) -> int:
+    """`--sample`: a non-negative integer, or `all` (-1: every finished record)."""
+    return -1 if value == "all" else _non_negative(int)(value)
+
+
 def _non_negative(kind, positive: bool = False):
     def parse(value: str):
         try:
@@ -240,7 +245,13 @@ def _add_leaderboard(sub, fmt) -> None:
     lb.add_argument("--bundles", metavar="DIR",
                     help="also merge the bundles (*.zip) in DIR: each is checked here (manifest, schema, metrics, "
                          "protocol equal to the local one of its name and version); its verification status comes "
-                         "only from a <bundle>.zip.verification.json beside it made for that very bundle")
+                         "only from a <bundle>.zip.verification.json under --verdicts made for that very bundle")
+    lb.add_argument("--verdicts", metavar="DIR",
+                    help="with --bundles: the folder of verdicts the board trusts (a results repository: verdicts/, "
+                         "written by its board workflow only; default: the bundles folder, for your own verify runs)")
+    lb.add_argument("--include-unverified", action="store_true",
+                    help="with --bundles: rank the records of bundles whose rerun differs too (marked); by default "
+                         "they are listed but left out of rankings. Self-reported bundles are ranked, labelled")
     lb.add_argument("--contributor", metavar="NAME", help="the name the board shows for the local records "
                                                           "(default: local results)")
 
@@ -358,6 +369,7 @@ VERIFY_EXAMPLES = """examples:
   cl-bench verify lab-a.zip                    # checks + 1 sampled rerun; verdict in lab-a.zip.verification.json
   cl-bench verify lab-a.zip --sample 0         # checks only: runs no bundled code (self-reported)
   cl-bench verify lab-a.zip --sample 3 --data-dir ~/data -o verdict.json
+  cl-bench verify lab-a.zip --sample all --seed "$GITHUB_SHA"   # every record; the draw repeatable by its seed
   cl-bench verify new.zip --markdown comment.md --board bundles/   # the CI comment: cells beside the board's
 exit code: 0 verified or self-reported, 1 a rerun differs, 2 a damaged, unsafe or inconsistent bundle (refused)
 """
@@ -387,15 +399,23 @@ def _add_verify(sub, fmt) -> None:
                          formatter_class=fmt,
                          description="Check a bundle: manifest (every member hashed, nothing missing or extra), "
                                      "every record's schema, fingerprints against the bundled protocol, every metric "
-                                     "recomputed from its accuracy matrix. Then rerun K records (a sample drawn from "
-                                     "the bundle's sha256) with `reproduce`: verified when every rerun agrees "
+                                     "recomputed from its accuracy matrix, every record a cell of the protocol's grid. "
+                                     "Then rerun K records (drawn with the verifier's randomness, or --seed; the "
+                                     "verdict records the seed) with `reproduce`: verified when every rerun agrees "
                                      "(bitwise or within 1e-6), rerun differs otherwise, self-reported without "
                                      "reruns. WARNING: reruns EXECUTE THE BUNDLED METHOD FILES (the contributor's "
                                      "Python code; each must hash to the implementation its record names); run "
                                      "them in a sandbox. The checks and --sample 0 run no bundled code.")
     ver.add_argument("file", metavar="FILE", help="the bundle (.zip)")
-    ver.add_argument("--sample", type=_non_negative(int), default=1, metavar="K",
-                     help="records to rerun (default %(default)s; 0: checks only, no bundled code runs)")
+    ver.add_argument("--sample", type=_sample_size, default=1, metavar="K|all",
+                     help="records to rerun (default %(default)s; all: every finished record; 0: checks only, no "
+                          "bundled code runs)")
+    ver.add_argument("--seed", metavar="S",
+                     help="draw the sample with S (e.g. a CI run id or merge commit sha) to make the verification "
+                          "repeatable; default: fresh randomness the contributor cannot predict. Either way the "
+                          "verdict records it")
+    ver.add_argument("--download", action="store_true",
+                     help="download a torchvision data set a rerun needs and --data-dir lacks")
     ver.add_argument("--data-dir", help=f"folder holding torchvision data sets (default: ${DATA_ENV}, else ./data)")
     ver.add_argument("-o", "--out", metavar="FILE",
                      help="the verdict JSON (default: FILE.verification.json next to the bundle)")

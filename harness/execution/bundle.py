@@ -32,6 +32,9 @@ MAX_TOTAL_BYTES = 512 * 2**20  # inflated, all members together
 MAX_BUNDLE_BYTES = 512 * 2**20  # the zip file itself
 CODE_CAP = 2 * 2**20  # a method file
 SMALL_CAP = 2**20  # manifest, environment, protocol file
+# A record member: records are small (a few hundred KiB); the JSON parser takes several times a member's size in
+# memory, so a tighter cap than the store's per-file limit keeps one bundle from running the board out of memory.
+RECORD_CAP = min(MAX_RECORD_BYTES, 8 * 2**20)
 DIGITS = 16  # of a sha256 in a method or protocol member's name (a file method's implementation digits)
 # Every member name a bundle may hold: a fixed layout, flat folders, names made of hex digits.
 MEMBER = re.compile(r"(records/[0-9a-f]{12}\.json|methods/[0-9a-f]{16}\.py|protocol/[0-9a-f]{16}\.yaml"
@@ -63,7 +66,7 @@ class Bundle:
 
 def _cap(name: str) -> int:
     if name.startswith("records/"):
-        return MAX_RECORD_BYTES
+        return RECORD_CAP
     return CODE_CAP if name.startswith("methods/") else SMALL_CAP
 
 
@@ -192,18 +195,21 @@ def check_bundle(b: Bundle) -> Checked:
     """The checks that run no bundled code: protocol file, every record's schema (the store's verify-on-read,
     which recomputes every metric from its accuracy matrix), fingerprints, method files, environment."""
     doc, raw = _protocol(b)
+    cells, skip = _cells(b, doc)
     records = tuple(_record(b, name) for name in b.names("records"))
     if not records:
         raise BundleError(f"{b.path}: holds no records")
     methods = _method_files(b, records)
     _fingerprints(b, records, doc)
+    grid = _in_grid(b, records, cells, skip)
     env = _environment(b)
     lines = (f"manifest: {len(b.members) - 1} members, each sha256 and size as listed; nothing missing or extra",
              f"schema: {len(records)} records valid (store verify-on-read: spec hashes to run id, fields, ranges)",
              f"metrics: recomputed from every accuracy matrix; all {len(records)} records agree",
              f"fingerprints: protocol {b.protocol} v{b.version} (sha256 {sha256_hex(raw)[:16]}), "
              f"{len({r.spec.data_fingerprint for r in records})} data fingerprint(s), one per data set",
-             f"methods: {len(methods)} method file(s), each hashing to the implementation its records name")
+             f"methods: {len(methods)} method file(s), each hashing to the implementation its records name",
+             grid)
     return Checked(b, records, raw, doc, env, methods, lines)
 
 
@@ -226,7 +232,105 @@ def _protocol(b: Bundle) -> tuple[dict, bytes]:
     if not isinstance(doc, dict) or doc.get("name") != b.protocol or str(doc.get("version")) != b.version:
         raise BundleError(f"{b.path}: {names[0]} is not protocol {b.protocol} version {b.version} "
                           "(the manifest's)")
+    _shape(b, names[0], doc)
     return doc, raw
+
+
+def _named_list(value, strings_only: bool = False) -> bool:
+    """A non-empty list of names, or (unless strings_only) of mappings with a string `name`."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(e, str) or (not strings_only and isinstance(e, dict) and isinstance(e.get("name"), str))
+        for e in value)
+
+
+def _shape(b: Bundle, member: str, doc: dict) -> None:
+    """The bundled protocol's sections have the shapes the checks read (the validator proper runs in _grid)."""
+    shapes = {"datasets": _named_list(doc.get("datasets")), "regimes": _named_list(doc.get("regimes"), True),
+              "methods": _named_list(doc.get("methods")),
+              "scenario": doc.get("scenario") is None or isinstance(doc.get("scenario"), str),
+              "plugins": doc.get("plugins") is None or (isinstance(doc["plugins"], list)
+                                                        and all(isinstance(p, str) for p in doc["plugins"]))}
+    bad = [k for k, ok in shapes.items() if not ok]
+    if bad:
+        allowed = {"datasets": "a non-empty list of names or {name: ...} entries", "regimes": "a non-empty list of "
+                   "regime names", "methods": "a non-empty list of names or {name: ...} entries",
+                   "scenario": "a scenario name", "plugins": "a list of .py paths"}[bad[0]]
+        raise BundleError(f"{b.path}: {member}: {bad[0]} is {str(doc.get(bad[0]))[:60]!r}; allowed: {allowed}")
+
+
+class _AnyMethod:
+    """The one method of the grid _grid plans: no hyperparameters, every scenario and regime family (the cells'
+    settings are compared without the method's fields, so no method code is loaded)."""
+
+    defaults: dict = {}
+    implementation = ""
+
+
+def _cells(b: Bundle, doc: dict) -> tuple[list, str]:
+    """(the cell settings of the bundled protocol's grid, why none: ""), planned by the protocol validator
+    without loading any method code; a protocol the validator refuses is a BundleError."""
+    from ..config.errors import UserError
+    from ..config.protocol import parse_protocol
+    from .plan import expand
+
+    skip = _unplannable(doc)
+    if skip:
+        return [], skip
+    cell_doc = {**doc, "methods": ["any-method"]}
+    try:
+        protocol = parse_protocol(cell_doc, f"{b.path}:protocol", {"any-method": _AnyMethod()})
+    except UserError as exc:
+        raise BundleError(f"{b.path}: its protocol file is not a valid protocol: {str(exc)[:300]}") from None
+    return [_setting(s.to_dict()) for s in expand(protocol, {d.name: "" for d in protocol.datasets})], ""
+
+
+def _in_grid(b: Bundle, records, cells: list, skip: str) -> str:
+    """Refuse a record whose settings (all but the method's fields, data fingerprint and plug-ins) are not a
+    cell of the grid; the check's line for the verdict."""
+    if skip:
+        return f"grid: not checked ({skip}: files a bundle does not hold)"
+    known = {json.dumps(c, sort_keys=True) for c in cells}
+    for r in records:
+        mine = _setting(r.spec.to_dict())
+        if json.dumps(mine, sort_keys=True) not in known:
+            keys = min((_differing(mine, c) for c in cells), key=len)
+            raise BundleError(f"{b.path}: record {r.run_id} is not a cell of the bundled protocol's grid: its "
+                              f"{', '.join(keys[:4])} differ from the nearest cell's (same name and version, "
+                              "other settings)")
+    return f"grid: all {len(records)} records are cells of the protocol's grid ({len(cells)} cells per method)"
+
+
+def _unplannable(doc: dict) -> str:
+    """Why the grid cannot be planned from the bundled file alone (plug-in files, npz data, a checkpoint)."""
+    pretrain = doc.get("pretrain")
+    if doc.get("plugins"):
+        return "its protocol names plug-in files"
+    if any(str(d if isinstance(d, str) else d.get("name")).startswith("npz:") for d in doc["datasets"]):
+        return "its protocol names .npz data files"
+    if isinstance(pretrain, dict) and "checkpoint" in pretrain:
+        return "its protocol names a checkpoint file"
+    return ""
+
+
+def _setting(spec: dict) -> dict:
+    """A spec's cell setting: every field but the method's, the data fingerprint and the plug-ins."""
+    from .submission import METHOD_KEYS
+
+    return {k: v for k, v in spec.items() if k not in (*METHOD_KEYS, "data_fingerprint", "plugins")}
+
+
+def _differing(mine: dict, cell: dict) -> list[str]:
+    """The keys (one level into mappings: training.epochs) where two settings differ."""
+    out = []
+    for k in sorted(set(mine) | set(cell)):
+        a, c = mine.get(k), cell.get(k)
+        if a == c:
+            continue
+        if isinstance(a, dict) and isinstance(c, dict):
+            out += [f"{k}.{j}" for j in sorted(set(a) | set(c)) if a.get(j) != c.get(j)]
+        else:
+            out.append(k)
+    return out
 
 
 def _record(b: Bundle, name: str) -> RunRecord:
@@ -272,7 +376,7 @@ def _method_files(b: Bundle, records) -> dict:
 
 def _fingerprints(b: Bundle, records, doc: dict) -> None:
     """Records fit the bundled protocol (data sets, regimes, scenario) and each data set has one fingerprint."""
-    datasets = {d.get("name") for d in doc.get("datasets") or [] if isinstance(d, dict)}
+    datasets = {d if isinstance(d, str) else d.get("name") for d in doc["datasets"]}
     regimes = set(doc.get("regimes") or [])
     seen = {}
     for r in records:

@@ -88,6 +88,8 @@ class LeaderboardRequest:
     force: bool = False  # write the site into a non-empty --out folder that holds no site
     bundles: str | None = None  # a folder of bundles (.zip) merged with the local records (service/bundles.py)
     contributor: str | None = None  # how the board names the local records' contributor
+    verdicts: str | None = None  # the folder of trusted verdicts (default: the bundles folder)
+    include_unverified: bool = False  # rank the records of "rerun differs" bundles too
 
 
 @dataclass(frozen=True)
@@ -155,10 +157,12 @@ class BundleRequest:
 
 @dataclass(frozen=True)
 class VerifyRequest:
-    """Check a bundle and rerun a deterministic sample of its records."""
+    """Check a bundle and rerun a sample of its records (drawn by the verifier's seed, never the bundle's)."""
 
     file: str
-    sample: int = 1
+    sample: int = 1  # records to rerun; -1 (bundle_verify.ALL, `--sample all`): every finished record
+    seed: str | None = None  # what draws the sample (None: fresh randomness); recorded in the verdict
+    download: bool = False  # fetch a missing torchvision data set before a rerun
     data_dir: str | None = None
     out: str | None = None  # the verdict JSON (default: <bundle>.verification.json)
     markdown: str | None = None  # also write the pull-request comment (verdict + cells beside the board's)

@@ -6,6 +6,14 @@ from __future__ import annotations
 from collections import defaultdict
 
 STATUS_CLASS = {"verified": "ok", "local": "ok", "rerun differs": "bad"}
+# The warning a merged board gives the records of a bundle whose rerun differs (service/bundles.py): it makes
+# them flagged, so they are shown, marked and left out of rankings as flagged runs are.
+HELD = "rerun-differs"
+
+
+def held(record) -> bool:
+    """Whether the board left `record` out of rankings because its bundle's rerun differs."""
+    return any(isinstance(w, dict) and w.get("code") == HELD for w in record.warnings or ())
 
 
 def rows(records, sources: dict, run_ids=None) -> list[dict]:
@@ -19,10 +27,11 @@ def rows(records, sources: dict, run_ids=None) -> list[dict]:
             continue
         key = (r.dataset, str(r.spec.scenario), r.spec.regime, r.method, src.contributor, src.status, src.reason,
                src.hardware, src.bundle)
-        cells[key].append(r.run_id)
+        cells[key].append(r)
     return [{"dataset": ds, "scenario": sc, "regime": rg, "method": m, "contributor": who, "status": st,
              "status_class": STATUS_CLASS.get(st, ""), "reason": why, "hardware": hw, "bundle": b,
-             "runs": sorted(ids)} for (ds, sc, rg, m, who, st, why, hw, b), ids in sorted(cells.items())]
+             "runs": sorted(r.run_id for r in recs), "held": any(held(r) for r in recs)}
+            for (ds, sc, rg, m, who, st, why, hw, b), recs in sorted(cells.items(), key=lambda kv: kv[0])]
 
 
 def of_run(sources: dict, run_id: str) -> dict | None:

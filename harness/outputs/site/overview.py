@@ -44,7 +44,10 @@ def page(w: SiteWriter, t: AnalysisResult, records) -> Path:
                          for ds, row in status.iterrows()],
         "statuses": list(status.columns),
         "headline": headline(t), "setup": _setup(records, frame),
-        "sweep_commands": sweep_commands(records, w.base["results_dir"]) if w.base["results_dir"] else [],
+        # the sweeps of the local records only: a bundle's protocol copy is not in this results folder
+        "sweep_commands": sweep_commands([r for r in records if not getattr(w.base["sources"].get(r.run_id),
+                                                                            "bundle", "")],
+                                         w.base["results_dir"]) if w.base["results_dir"] else [],
         "families": sections.families(t, None, w.base["regimes"]),
         "family_descriptions": {f: FAMILY_DESCRIPTIONS.get(f, "") for f in families_in(w.base["regimes"])},
         "power": sections.power(t.power), "bayes_blind": _bayes_blind(t.power),

@@ -24,7 +24,7 @@ def page(w: SiteWriter, rec: RunRecord, dataset: str | None = None) -> Path:
     norms = rec.update_norms or {}
     ctx = {"title": f"run {rid}", "rec": rec, "spec": rec.spec.to_dict(),
            "cmd": reproduce_command(rid, w.base["results_dir"], rec),
-           "sweep_cmd": (sweep_commands([rec], w.base["results_dir"]) or [None])[0] if w.base["results_dir"] else None,
+           "sweep_cmd": _sweep_cmd(w, rec),
            "method": rec.method, "dataset": rec.dataset if dataset is None else dataset,
            "matrices": _matrices(rec), "metric_rows": _metric_rows(rec), "anytime": _curves(rec, w.base["scale"]),
            "anytime_rows": _anytime_rows(rec),
@@ -36,6 +36,15 @@ def page(w: SiteWriter, rec: RunRecord, dataset: str | None = None) -> Path:
                                                                             (rec.provenance or {}).get("memory")),
            "source": contributors.of_run(w.base["sources"], rid)}
     return w.page("run.html", f"runs/{slug(rid)}.html", **ctx)
+
+
+def _sweep_cmd(w: SiteWriter, rec: RunRecord) -> str | None:
+    """The sweep that made a local record; none for a bundle's (its protocol copy is not in this results folder:
+    the page points to `cl-bench verify BUNDLE` instead)."""
+    src = (w.base["sources"] or {}).get(rec.run_id)
+    if not w.base["results_dir"] or (src is not None and src.bundle):
+        return None
+    return (sweep_commands([rec], w.base["results_dir"]) or [None])[0]
 
 
 def _matrices(rec: RunRecord) -> list[dict]:
