@@ -56,7 +56,8 @@ def run_sweep(plan: Plan, protocol: Protocol, results: str | Path, options: RunO
               log=print, provenance: dict | None = None, before_first=None) -> SweepResult:
     """Run every spec of the plan that is not done; the driver writes each record as it arrives (with
     `provenance`, e.g. the sweep's command and protocol copy, added to its own; `before_first()` is called
-    once, before the first record is written: e.g. the protocol copy the records name).
+    once, before the first record is written: e.g. the protocol copy the records name; a path it returns is
+    removed again if that record cannot be written).
 
     Ctrl-C (SIGINT) and SIGTERM stop it alike: finished records are kept, the lock is released
     and the result says `interrupted` and which `signal`. A KeyboardInterrupt or SystemExit that a
@@ -114,9 +115,14 @@ def _dispatch(plan, protocol, results, options, jobs, executor, progress, on_rec
                 raise DriverInterrupt(stop.signal)
             if provenance:  # not in the run id: where the record came from, not what it is
                 record = replace(record, provenance={**(record.provenance or {}), **provenance})
-            if before_first is not None and not result.written:
-                before_first()
-            path = _write(results, runs_dir(results, protocol.name), record, len(result.written))
+            made = before_first() if before_first is not None and not result.written else None
+            try:
+                path = _write(results, runs_dir(results, protocol.name), record, len(result.written))
+            except BaseException:  # e.g. a full disk: no file is left that names or serves no record
+                if made is not None:
+                    Path(made).unlink(missing_ok=True)
+                    _remove_empty([Path(made).parent])
+                raise
             result.written.append(path)
             result.statuses[record.status] = result.statuses.get(record.status, 0) + 1
             if not record.ok:

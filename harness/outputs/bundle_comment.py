@@ -2,6 +2,7 @@
 the board's. Every string from a bundle is escaped (no markup, no raw HTML, no @-mention)."""
 from __future__ import annotations
 
+from .formatting import MISSING, num
 from .report import md_escape
 
 
@@ -40,8 +41,8 @@ def comment(verdict, records, board: dict, board_note: str = "") -> str:
     for key in sorted(mine):
         acc, n = mine[key]
         theirs = board.get(key)
-        lines.append("| " + " | ".join([*(md_text(k) for k in key), str(n), f"{100 * acc:.2f}",
-                                         f"{100 * theirs[0]:.2f}" if theirs else "—",
+        lines.append("| " + " | ".join([*(md_text(k) for k in key), str(n), num(100 * acc, 2),
+                                         num(100 * theirs[0], 2) if theirs else MISSING,
                                          str(theirs[1]) if theirs else "0"]) + " |")
     if board_note:
         lines += ["", md_text(board_note)]

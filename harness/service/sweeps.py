@@ -203,14 +203,17 @@ def _sweep_and_report(req: SweepRequest, protocol, plan, options, log: Log, grid
     from ..config.text import terminal_safe
     from ..execution.protocol_files import relative_references, save_protocol_file
 
-    def keep_protocol_file() -> None:
+    def keep_protocol_file():
         # the driver calls this before it writes the first record: no record names a copy that a crash left
-        # unwritten, and the copy holds the bytes whose hash the records carry (an edit since loading is refused)
+        # unwritten, and the copy holds the bytes whose hash the records carry (an edit since loading is refused);
+        # it gets back the copy only where this call made it, to take it back if that first record fails
+        made = not (Path(req.results) / protocol.name / provenance["sweep"]["protocol_file"]).is_file()
         copy = save_protocol_file(req.results, protocol, provenance["sweep"]["protocol_sha256"])
         relative = relative_references(copy.read_bytes())
         if relative:
             log(terminal_safe(f"note: {protocol.source} names {', '.join(relative)} relative to its folder; the "
                               f"copy {copy} resolves them relative to its own: put them beside it to rerun from it"))
+        return copy if made else None
 
     result = _run_tracked(plan, protocol, req, options, log, provenance,
                           before_first=keep_protocol_file if provenance else None)
