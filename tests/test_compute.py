@@ -137,6 +137,23 @@ def test_naive_passes_are_its_samples(regime):
     assert c["forward_per_task"] == b["samples_per_task"]
 
 
+@pytest.mark.parametrize("regime", ["head", "last-1"])
+def test_a_methods_flops_do_not_depend_on_the_harnesss_prefix_cache(regime, monkeypatch):
+    """The record's FLOPs are the method's: a pass the cache served counts whole, so a method the cache cannot
+    serve is not shown as costlier for it; what ran with the cache is `executed_flops`, and less."""
+    from harness.run import speedups
+
+    spec = make_spec(regime=regime, training=TrainingSpec(lr=0.05, momentum=0.9, epochs=2, batch_size=32))
+    cached = _run(spec).budget["compute"]
+    monkeypatch.setattr(speedups, "PREFIX_CACHE", False)
+    plain = _run(spec).budget["compute"]
+    assert cached["flops"] == plain["flops"] and cached["forward_flops"] == plain["forward_flops"]
+    assert "executed_flops" not in plain and cached["executed_flops"] < cached["flops"]
+    per_sample = cached["forward_flops_per_sample"]
+    # by hand: every forward sample-pass at the whole model's cost of its task
+    assert cached["forward_flops"] == sum(n * f for n, f in zip(cached["forward_per_task"], per_sample, strict=True))
+
+
 def test_passes_inside_a_plugin_count(tmp_path):
     path = tmp_path / "extra_pass.py"
     path.write_text(METHOD_FILE)

@@ -301,7 +301,7 @@ def _compute_problem(data: dict) -> str | None:
         return None
     if not isinstance(c, dict) or not (_count(c.get("version")) and 1 <= c["version"] <= COMPUTE_VERSION):
         return f"its budget.compute is not a mapping with a version from 1 to {COMPUTE_VERSION}"
-    unknown = sorted(set(c) - {"version", *COMPUTE_COUNTS, *COMPUTE_PER_TASK, "merge"}, key=str)
+    unknown = sorted(set(c) - {"version", *COMPUTE_COUNTS, *COMPUTE_PER_TASK, "merge", "executed_flops"}, key=str)
     missing = [k for k in (*COMPUTE_COUNTS, *COMPUTE_PER_TASK) if k not in c]
     if unknown or missing:
         return f"its budget.compute has {'unknown key ' + show(unknown[0]) if unknown else 'no ' + missing[0]}"
@@ -317,6 +317,8 @@ def _compute_problem(data: dict) -> str | None:
     if sum(c["forward_per_task"]) != c["forward_samples"] or sum(c["backward_per_task"]) != c["backward_samples"] \
             or c["forward_flops"] + c["backward_flops"] != c["flops"]:
         return "its budget.compute's totals do not add up (per-task passes, forward + backward FLOPs)"
+    if "executed_flops" in c and not (BOUNDED[0](c["executed_flops"]) and c["executed_flops"] <= c["flops"]):
+        return f"its budget.compute.executed_flops is {show(c['executed_flops'])}; allowed: a count up to flops"
     return None
 
 

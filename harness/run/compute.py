@@ -7,7 +7,9 @@
   when the backward pass reaches it. So passes a method makes inside a plugin (a replay batch, a teacher copy
   of the model, a Fisher pass) count; the harness's own evaluation, probe and continual-evaluation passes do
   not (the meter is paused). The harness's frozen-prefix cache runs the trainable suffix on cached features
-  and the frozen prefix once per task: both are counted where they run (`suffix_pass`, `prefix_rows`). Not
+  and the frozen prefix once per task: both are counted where they run (`suffix_pass`, `prefix_rows`); the
+  record's FLOPs count a cached pass as a whole pass (the method's compute, whichever methods the cache can
+  serve), and `executed_flops` what ran with the cache. Not
   counted: a backward pass that starts at the features (no loss on the heads' outputs).
 - FLOPs per sample: measured ONCE per model structure and trainable set on a meta-device copy (no data,
   no hooks: the real model's parameters, buffers, BatchNorm statistics and hooks are never touched), forward
@@ -278,14 +280,18 @@ class ComputeMeter:
             handle.remove()
 
     # -- the record --
-    def _flops(self, stage: str) -> dict:
+    def _flops(self, stage: str, as_run: bool = False) -> dict:
+        """FLOPs of the stage's passes. The method's (default): a pass the prefix cache served counts as a whole
+        pass, so a method's compute does not depend on which methods the harness's cache can speed up; `as_run`:
+        what ran (the cached suffix passes, plus the frozen prefix once per task)."""
         fwd = bwd = 0
         for t, c in enumerate(self.counts[stage]):
             fps = self.per_sample[t]
             blocks, head = fps["blocks"], fps["head"]
             start = self.suffix_start.get(t, len(blocks))
-            fwd += c["full"] * (sum(blocks) + head) + _features_only(c) * sum(blocks) \
-                + c["suffix"] * (sum(blocks[start:]) + head) + c["prefix"] * sum(blocks[:start])
+            suffix = sum(blocks[start:]) + head if as_run else sum(blocks) + head
+            fwd += c["full"] * (sum(blocks) + head) + _features_only(c) * sum(blocks) + c["suffix"] * suffix \
+                + (c["prefix"] * sum(blocks[:start]) if as_run else 0)
             bwd += c["backward"] * fps["backward"]
         return {"forward": fwd, "backward": bwd}
 
@@ -304,6 +310,8 @@ class ComputeMeter:
                "backward_flops": flops["backward"],
                "forward_flops_per_sample": [sum(p["blocks"]) + p["head"] for p in self.per_sample],
                "backward_flops_per_sample": [p["backward"] for p in self.per_sample]}
+        if any(c["prefix"] or c["suffix"] for c in train):  # the harness's prefix cache served some passes
+            out["executed_flops"] = sum(self._flops(TRAIN, as_run=True).values())
         if self.merged or self.merge_ops is not None:
             merge = self.counts[MERGE]
             out["merge"] = {"forward_samples": sum(_forward(c) for c in merge),
