@@ -52,6 +52,41 @@ def test_conv_flops_follow_the_conv_formula():
     assert flops["blocks"] == [2 * 2 * 5 * 3 * 38] and flops["head"] == 2 * 5 * 38 * 2
 
 
+def test_flops_follow_a_modules_settings_not_only_its_parameters():
+    """Stride changes the FLOPs but no parameter shape: a cached measurement of one must not answer the other."""
+    def net(stride):
+        out = (40 - 3) // stride + 1
+        blocks = OrderedDict(c=torch.nn.Sequential(torch.nn.Conv1d(2, 5, kernel_size=3, stride=stride),
+                                                   torch.nn.Flatten()))
+        return CLNet(blocks, feature_dim=5 * out, n_heads=1, head_classes=2), out
+
+    (one, out1), (two, out2) = net(1), net(2)
+    assert flops_per_sample(one, (2, 40))["blocks"] == [2 * 2 * 5 * 3 * out1]
+    assert flops_per_sample(two, (2, 40))["blocks"] == [2 * 2 * 5 * 3 * out2]  # 19 positions, not 38
+
+
+class _Uncopyable:
+    def __deepcopy__(self, memo):
+        raise AssertionError("a hook's owner was copied")
+
+    def hook(self, *args):
+        return None
+
+
+def test_the_copy_never_copies_a_hooks_owner_and_a_failed_measurement_is_not_measured():
+    net = _linear_net()
+    owner = _Uncopyable()
+    net.register_forward_hook(owner.hook)
+    assert flops_per_sample(net, (8,))["head"] == 2 * 4 * 3
+    broken = _linear_net()
+    broken.blocks["b1"][0].history = torch.ones(2, requires_grad=True) * 2  # not a leaf: deepcopy refuses it
+    compute._FLOPS_CACHE.clear()  # the same structure measured above would be answered from the cache
+    meter = ComputeMeter(broken, (8,), torch.device("cpu"))
+    meter.start_task(broken)
+    assert meter.unmeasured and "deepcopy" in meter.unmeasured and meter.as_json() is None
+    meter.close()
+
+
 def test_measurement_never_touches_the_model():
     net = _linear_net()
     net.blocks["b1"].append(torch.nn.BatchNorm1d(16))
@@ -189,6 +224,23 @@ def test_compute_is_the_same_in_every_run_of_a_spec():
     assert a.provenance["memory"]["peak_rss_bytes"] > 0 and a.timings["accounting_s"] >= 0
 
 
+def test_a_rerun_compares_compute_exactly_and_older_records_still_reproduce():
+    """A record whose compute was edited (totals kept consistent) does not reproduce, at any tolerance; one
+    from before compute accounting reproduces bitwise."""
+    from dataclasses import replace
+
+    from harness.execution.reproduce import compare
+
+    a, b = _run(make_spec(method="gpm")), _run(make_spec(method="gpm"))
+    assert compare(a, b)[0] == "bitwise"
+    c = dict(a.budget["compute"])
+    c.update(forward_samples=3 * c["forward_samples"], forward_per_task=[3 * x for x in c["forward_per_task"]])
+    tampered = replace(a, budget={**a.budget, "compute": c})
+    assert compare(tampered, b)[:2] == ("differs", ("budget",))
+    older = replace(a, budget={k: v for k, v in a.budget.items() if k != "compute"})
+    assert compare(older, b)[0] == "bitwise"
+
+
 @pytest.mark.parametrize("method,regime,hparams", [
     ("gpm", "last-1", {}), ("became", "last-1", {}), ("magmax", "full", {}), ("der", "last-1", {}),
     ("replay", "last-1", {}), ("lwf", "head", {})])
@@ -243,6 +295,8 @@ def test_store_accepts_a_record_with_compute_and_one_without():
     ({"version": 2}, "version"), ({"forward_samples": -1}, "forward_samples"), ({"flops": True}, "flops"),
     ({"flops": 2**70}, "flops"), ({"surprise": 1}, "unknown key"), ({"prefix_samples": None}, "no prefix_samples"),
     ({"forward_per_task": [4, 6, 1, 1, 1, 1]}, "at most"), ({"forward_samples": 11}, "add up"),
+    ({"forward_per_task": [[4, 6]]}, "lists of at most"), ({"backward_flops_per_sample": [1, None]}, "counts"),
+    ({"executed_flops": 31}, "executed_flops"), ({"executed_flops": -1}, "executed_flops"),
     ({"merge": {"element_ops": 1.5}}, "merge.element_ops"), ({"merge": {"seconds": 1.0}}, "merge is not"),
     ({"memory": {"peak_rss_bytes": -5}}, "provenance.memory.peak_rss_bytes"),
     ({"memory": {"peak_rss_bytes": 1, "host": "x"}}, "provenance.memory is not")])
@@ -290,6 +344,14 @@ def test_budget_line_states_compute_per_cell(tmp_path):
     assert "Equal optimizer steps: 100 per run on average; compute differs" in text
     assert "digits · head: derpp 3.0×." in text and "full: derpp" not in text
     assert "Not measured: old." in text and "same budget" not in text
+
+
+def test_budget_line_without_a_reference_compares_nothing(tmp_path):
+    from harness.outputs.site import build_site
+
+    build_site(_grid({("head", "derpp"): 3000, ("head", "replay"): 2000}), tmp_path)
+    text = " ".join((tmp_path / "index.html").read_text().split())
+    assert "compute not compared: no cell has a measured naive run" in text and "equal to naive" not in text
 
 
 def test_budget_line_without_any_measurement(tmp_path):

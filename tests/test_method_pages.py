@@ -296,7 +296,10 @@ def test_a_record_cannot_rewrite_a_built_ins_description(board, tmp_path):
     naive = board["records"]["naive"]
     forged = replace(naive, provenance={**naive.provenance, "method": {
         **naive.provenance["method"], "description": "DEPRECATED and known buggy", "reference": "Nobody (2099)"}})
-    build_site([forged], tmp_path / "site")
-    html = _method_page(tmp_path / "site", "naive")
-    assert "DEPRECATED" not in html and "Nobody (2099)" not in html
-    assert get_registry()["naive"].description in html
+    relabelled = replace(naive, provenance={**naive.provenance, "method": {
+        **forged.provenance["method"], "kind": "file"}})  # a version, not a hash: still this harness's built-in
+    for i, record in enumerate((forged, relabelled)):
+        build_site([record], tmp_path / f"site{i}")
+        html = _method_page(tmp_path / f"site{i}", "naive")
+        assert "DEPRECATED" not in html and "Nobody (2099)" not in html and "submitted file" not in html
+        assert get_registry()["naive"].description in html

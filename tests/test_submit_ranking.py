@@ -184,6 +184,10 @@ def test_the_protocol_copy_stays_in_its_folder_and_is_written_once(tmp_path):
     good = {"command": "run", "protocol_file": "protocol-files/" + "a" * 16 + ".yaml", "regimes": ["full", "a;b"],
             "orders": 2}
     assert sweep_command(good, "res", "p") is None  # without the filter the command would run a larger grid
+    only = {**good, "regimes": ["full"], "only": ["0644e905448c"]}
+    assert sweep_command(only, "res", "p").endswith("--orders 2 --only 0644e905448c")  # one run, not the grid
+    assert sweep_command({**only, "only": ["../x"]}, "res", "p") is None
+    assert sweep_command({**only, "orders": "2"}, "res", "p") is None
     npz = {**good, "regimes": ["full"], "datasets": ["npz:my data;rm.npz"]}
     assert sweep_command(npz, "res", "p") == ("cl-bench run --protocol res/p/protocol-files/" + "a" * 16
                                               + ".yaml --results res --datasets 'npz:my data;rm.npz' "

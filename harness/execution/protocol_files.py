@@ -75,12 +75,12 @@ def relative_references(data: bytes) -> list[str]:
 
 
 def sweep_provenance(command: str, protocol_copy: str, sha256: str, *, datasets=None, regimes=None,
-                     methods=None, orders=None, method_file: str | None = None,
+                     methods=None, orders=None, only=None, method_file: str | None = None,
                      baselines: bool = True) -> dict:
     """The `provenance["sweep"]` entry of a sweep's records: the command (`run`, `submit`), the protocol
     copy, and the filters given (absent ones are left out)."""
     entry = {"command": command, "protocol_file": protocol_copy, "protocol_sha256": sha256}
-    given = {"datasets": datasets, "regimes": regimes, "methods": methods, "orders": orders}
+    given = {"datasets": datasets, "regimes": regimes, "methods": methods, "orders": orders, "only": only}
     entry.update({k: list(v) if isinstance(v, (list, tuple)) else v for k, v in given.items() if v})
     if method_file:
         entry["method_file"] = str(method_file)

@@ -28,7 +28,8 @@ from .store import discover_protocol_dirs, read_record, write_record
 
 # What a rerun must reproduce; timings and provenance (host, time) may differ.
 COMPARED = ("status", "acc_matrix", "init_acc", "metrics", "acc_matrix_task_aware", "init_acc_task_aware",
-            "metrics_task_aware", "update_norms", "diagnostics", "params", "regime_depth", "n_blocks")
+            "metrics_task_aware", "update_norms", "diagnostics", "params", "regime_depth", "n_blocks", "budget")
+EXACT = ("budget",)  # counts (steps, samples, passes, FLOPs): no tolerance makes a different count reproduced
 METRIC_TOLERANCE = 1e-6
 _RUN_ID = re.compile(r"^[0-9a-f]{12}$")
 
@@ -70,8 +71,15 @@ def sweep_command(sweep, results: str, protocol_name: str, records=()) -> str | 
             return None  # a command without this filter would run a larger grid than the one that ran
         cmd += [f"--{key}", ",".join(names)]
     orders = sweep.get("orders")
-    if isinstance(orders, int) and not isinstance(orders, bool) and orders > 0:
+    if orders is not None:
+        if not (isinstance(orders, int) and not isinstance(orders, bool) and orders > 0):
+            return None  # as for a filter it cannot state: the command would run another grid
         cmd += ["--orders", str(orders)]
+    only = sweep.get("only")
+    if only is not None:
+        if not (isinstance(only, list) and only and all(isinstance(i, str) and _RUN_ID.match(i) for i in only)):
+            return None
+        cmd += ["--only", ",".join(only)]
     if sweep.get("baselines") is False and sweep["command"] == "submit":
         cmd.append("--no-baselines")
     own = _file_name(sweep.get("method_file")) if sweep["command"] == "submit" else None
@@ -301,21 +309,26 @@ def _keep(rerun: RunRecord, out: str | None) -> Path | None:
     return write_record(Path(out) / rerun.spec.protocol / "runs", rerun, root=out)
 
 
-def _comparable(record: RunRecord) -> dict:
+def _comparable(record: RunRecord, measured: bool = True) -> dict:
+    """The compared fields; without `measured` (a record from before compute accounting) its budget's compute
+    is left out, so such a record still reproduces."""
     data = {k: getattr(record, k) for k in COMPARED}
     data["diagnostics"] = {k: v for k, v in (data["diagnostics"] or {}).items() if k != "traceback"}
+    data["budget"] = {k: v for k, v in (data["budget"] or {}).items() if measured or k != "compute"}
     return data
 
 
 def compare(record: RunRecord, rerun: RunRecord) -> tuple[str, tuple[str, ...], float]:
     """(verdict, fields that differ, largest difference of a metric or accuracy)."""
-    a, b = _comparable(record), _comparable(rerun)
+    measured = "compute" in (record.budget or {})
+    a, b = _comparable(record, measured), _comparable(rerun, measured)
     differences = tuple(k for k in COMPARED if a[k] != b[k])
     if not differences:
         return "bitwise", (), 0.0
     delta = _max_delta(record, rerun)
     same_status = record.status == rerun.status
-    return ("metrics" if same_status and delta <= METRIC_TOLERANCE else "differs"), differences, delta
+    exact = not any(k in EXACT for k in differences)
+    return ("metrics" if same_status and exact and delta <= METRIC_TOLERANCE else "differs"), differences, delta
 
 
 def _max_delta(a: RunRecord, b: RunRecord) -> float:

@@ -306,8 +306,9 @@ def _compute_problem(data: dict) -> str | None:
     if unknown or missing:
         return f"its budget.compute has {'unknown key ' + show(unknown[0]) if unknown else 'no ' + missing[0]}"
     T = data["spec"]["dataset"]["n_tasks"]
-    if not all(isinstance(c[k], list) and len(c[k]) <= T for k in COMPUTE_PER_TASK):
-        return f"its budget.compute's {', '.join(COMPUTE_PER_TASK)} are not lists of at most {T} entries"
+    if not all(isinstance(c[k], list) and len(c[k]) <= T and all(BOUNDED[0](x) for x in c[k])
+               for k in COMPUTE_PER_TASK):  # flat lists of counts: the sums below must not meet a nested list
+        return f"its budget.compute's {', '.join(COMPUTE_PER_TASK)} are not lists of at most {T} counts"
     merge = c.get("merge", {})
     if not isinstance(merge, dict) or set(merge) - set(COMPUTE_MERGE):
         return f"its budget.compute.merge is not a mapping of {', '.join(COMPUTE_MERGE)}"

@@ -80,6 +80,12 @@ class _FlopCount(TorchDispatchMode):
         return out
 
 
+HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+               "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
+               "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+               "_load_state_dict_post_hooks")
+
+
 def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model` on the meta device (shapes, no data) without any hook: running it cannot change the
     model's parameters, buffers or statistics, nor call a method's hooks."""
@@ -88,19 +94,18 @@ def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
         shell = torch.empty_like(t, device="meta")
         memo[id(t)] = torch.nn.Parameter(shell, requires_grad=t.requires_grad) \
             if isinstance(t, torch.nn.Parameter) else shell
-    clone = copy.deepcopy(model, memo)
-    for m in clone.modules():
-        for hooks in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                      "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
-                      "_state_dict_hooks", "_load_state_dict_pre_hooks"):
-            if isinstance(getattr(m, hooks, None), dict):
-                getattr(m, hooks).clear()
-    return clone
+    for m in model.modules():  # the copy gets empty hook tables: a hook's owner (a plugin) is never copied
+        for hooks in HOOK_TABLES:
+            table = getattr(m, hooks, None)
+            if isinstance(table, dict):
+                memo[id(table)] = type(table)()
+    return copy.deepcopy(model, memo)
 
 
 def _structure_key(model, input_shape) -> tuple:
-    """What per-sample FLOPs depend on: module types, parameter shapes, which parameters train, the input."""
-    return (tuple(input_shape), tuple(type(m).__name__ for m in model.modules()),
+    """What per-sample FLOPs depend on: module types and settings (stride, padding: their repr), parameter shapes,
+    which parameters train, the input."""
+    return (tuple(input_shape), repr(model), tuple(type(m).__name__ for m in model.modules()),
             tuple((n, tuple(p.shape), p.requires_grad) for n, p in model.named_parameters()))
 
 
@@ -191,6 +196,7 @@ class ComputeMeter:
         self.merged = False  # the harness evaluated another model than the trained one (a merge) at least once
         self.depth = 0  # > 0 inside the prefix cache's own passes (counted by it)
         self._trainable, self._measured = None, None  # the last trainable set measured, and its FLOPs per sample
+        self.unmeasured = None  # why the FLOPs could not be measured (then the record has no budget["compute"])
         self._handles = install_hooks(self, model)
         _reset_peak_memory(self.device)
 
@@ -244,8 +250,11 @@ class ComputeMeter:
         for per_task in self.counts.values():
             per_task.append(dict.fromkeys(PATHS, 0))
         trainable = tuple(p.requires_grad for p in model.parameters())
-        if trainable != self._trainable:  # the structure is the run's; only the trainable set may change
-            self._trainable, self._measured = trainable, flops_per_sample(model, self.input_shape)
+        if trainable != self._trainable and not self.unmeasured:  # only the trainable set may change in a run
+            try:
+                self._trainable, self._measured = trainable, flops_per_sample(model, self.input_shape)
+            except Exception as exc:  # noqa: BLE001  (the accounting never fails a run: its compute is not measured)
+                self.unmeasured = f"{type(exc).__name__}: {exc}"[:200]
         self.per_sample.append(self._measured)
         self.seconds["accounting"] += time.perf_counter() - t0
 
@@ -295,9 +304,12 @@ class ComputeMeter:
             bwd += c["backward"] * fps["backward"]
         return {"forward": fwd, "backward": bwd}
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict | None:
         """The record's budget["compute"] (version 1): what the spec, code and data determine (passes, FLOPs,
-        the merge's passes and element operations); the same in every run of one spec."""
+        the merge's passes and element operations); the same in every run of one spec. None where the FLOPs
+        could not be measured: "not measured", never a guess."""
+        if self.unmeasured:
+            return None
         train = self.counts[TRAIN]
         flops = self._flops(TRAIN)
         out = {"version": COMPUTE_VERSION,

@@ -472,7 +472,7 @@ def _budget(progress: _Progress) -> dict:
     """The training budget (HarnessPlugin.budget) and, where the method declares what it keeps (MemoryHook),
     `memory_samples`/`memory_bytes` after each task (null after a task where nothing declared it)."""
     budget = progress.plugin.budget() if progress.plugin else {}
-    if progress.compute is not None:
+    if progress.compute is not None and progress.compute.as_json() is not None:
         budget["compute"] = progress.compute.as_json()
     if any(m is not None for m in progress.memory):
         budget["memory_samples"] = [None if m is None else m.samples for m in progress.memory]

@@ -193,7 +193,8 @@ def _sweep_entry(req: SweepRequest, protocol, command: str, method_file: str | N
     copy, sha256, _ = protocol_copy(protocol)
     return {"sweep": sweep_provenance(command, copy, sha256, datasets=req.datasets, regimes=req.regimes,
                                       methods=req.methods if command == "run" else None, orders=req.orders,
-                                      method_file=method_file, baselines=baselines)}
+                                      only=req.only if command == "run" else None, method_file=method_file,
+                                      baselines=baselines)}
 
 
 def _sweep_and_report(req: SweepRequest, protocol, plan, options, log: Log, grid: dict | None = None,

@@ -68,8 +68,12 @@ def about(name: str, entry: dict, submission, infos: dict) -> dict:
     """One implementation of a method as its page shows it (everything read back as text: untrusted)."""
     implementation = _text(entry.get("implementation"))
     kind = entry.get("kind") if entry.get("kind") in KIND_LABELS else _kind(entry.get("source"), implementation)
-    if kind == "built-in" and implementation.startswith("sha256:"):  # a built-in is a version, never a hash
-        kind = "file"
+    # the run id's implementation decides, not the record's word: a built-in is a version, never a hash, and
+    # a version of a name this harness ships is its built-in (a record calling it a file cannot relabel it)
+    if implementation.startswith("sha256:"):
+        kind = "entry point" if kind == "entry point" else "file"
+    elif name in infos or kind == "built-in":
+        kind = "built-in"
     recorded = "description" in entry
     # a built-in's text is this harness's own (its index), never a record's: records are data another lab wrote
     meta = infos.get(name, {}) if kind == "built-in" else entry if recorded else {}
