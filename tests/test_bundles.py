@@ -341,6 +341,29 @@ def test_a_malformed_bundled_protocol_is_refused_in_one_line(labs, tmp_path, cap
     assert "bad.zip refused" in capsys.readouterr().out and "Lab &lt;A&gt; &amp; Co" in index
 
 
+def test_a_bundled_protocol_with_a_huge_grid_is_refused_before_the_grid_is_expanded(labs, tmp_path, capsys,
+                                                                                   monkeypatch):
+    import yaml
+
+    from harness.execution import plan
+
+    limit = bundle_mod.MAX_GRID_CELLS
+    seeds = limit // 2 + 1  # x 1 dataset x 1 regime x 2 task orders: just over the limit
+
+    def edit(m):
+        old = next(n for n in m if n.startswith("protocol/"))
+        doc = yaml.safe_load(m[old])
+        doc["seeds"] = list(range(seeds))
+        text = yaml.safe_dump(doc).encode()
+        return {**{n: b for n, b in m.items() if n != old}, f"protocol/{sha256_hex(text)[:16]}.yaml": text}
+    big = _rezip(labs["a"], tmp_path / "huge.zip", edit)
+
+    def never(*_a, **_k):
+        raise AssertionError("the grid was expanded")
+    monkeypatch.setattr(plan, "expand", never)
+    _refused(big, capsys, "huge.zip", f"{2 * seeds} cells", f"at most {limit}")
+
+
 def test_read_bundle_refuses_a_non_zip(tmp_path):
     p = tmp_path / "x.zip"
     p.write_bytes(b"not a zip")
