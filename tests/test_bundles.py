@@ -680,7 +680,8 @@ def test_a_duplicate_run_id_with_other_results_is_flagged_and_the_verified_one_k
     _board(dict(labs, bundles_dir=bundles), tmp_path, "site-d")
     out = capsys.readouterr().out
     assert f"CONFLICT: run {rid} is in bundle 0-early.zip and bundle a.zip" in out
-    assert "the board shows bundle a.zip's (verified), flagged" in out
+    assert "the board shows bundle a.zip's (verified; ranked as that status allows) and names the conflict" in out
+    assert "flagged" not in out  # the kept record is not flagged by the conflict
     assert f"CONFLICT: run {rid} is in bundle 0-early.zip and bundle 1-copy.zip" in out  # both self-reported
     run_page = (tmp_path / "site-d" / "runs" / f"{slug(rid)}.html").read_text()
     assert "conflicts with bundle 0-early.zip" in run_page and "verified" in run_page
@@ -715,6 +716,27 @@ def test_records_of_a_bundle_whose_rerun_differs_are_left_out_of_rankings_unless
     assert after.drop(b_ids).equals(before.drop(b_ids))  # A's (verified) stand as they were
     index = _board(labs, tmp_path, "site-h2", "--include-unverified")
     assert "Left out of the rankings" not in index and "rerun differs" in index
+
+
+@pytest.mark.parametrize("flags", [(), ("--include-flagged",), ("--include-unverified",),
+                                   ("--include-flagged", "--include-unverified")])
+def test_rerun_differs_records_are_ranked_only_under_include_unverified_whatever_include_flagged(labs, tmp_path,
+                                                                                               flags):
+    import csv
+
+    index = _board(labs, tmp_path, "site-f", *flags)
+    with open(tmp_path / "site-f" / "data" / "runs.csv", newline="") as f:
+        ranked = {row["run_id"]: row["ranked"] == "True" for row in csv.DictReader(f)}
+    a_ids = {r.run_id for r in check_bundle(read_bundle(labs["a"])).records}
+    b_ids = {r.run_id for r in check_bundle(read_bundle(labs["b"])).records}
+    # the tiny runs carry learning-check warnings (flagged): ranked only under --include-flagged
+    assert all(ranked[i] == ("--include-flagged" in flags) for i in a_ids)
+    unverified = "--include-unverified" in flags
+    assert all(ranked.get(i, False) == (unverified and "--include-flagged" in flags) for i in b_ids)
+    assert (b_ids <= set(ranked)) == unverified  # held: in no table, yet on its run page and contributors row
+    assert ("Left out of the rankings" in index) != unverified
+    run_page = (tmp_path / "site-f" / "runs" / f"{slug(labs['tampered'])}.html").read_text()
+    assert "rerun differs" in run_page
 
 
 def test_bundle_records_get_no_sweep_command_and_the_board_names_its_results_folder_absolutely(labs, tmp_path):
