@@ -150,8 +150,12 @@ def test_merged_board_shows_both_contributors_and_statuses(labs, tmp_path, capsy
     run_page = (tmp_path / "site" / "runs" / f"{slug(labs['tampered'])}.html").read_text()
     assert "Contributed by <b>Lab B</b>" in run_page and "rerun differs" in run_page and "cpu" in run_page
     dataset_page = (tmp_path / "site" / f"dataset-{slug('digits')}.html").read_text()
-    assert "Lab B" in dataset_page and "Lab &lt;A&gt; &amp; Co" in dataset_page
-    # each grid cell names its contributor, coloured by its verification status
+    # each grid cell names its contributor, coloured by its verification status; B's rerun differs: its
+    # records enter no table (they are on their run pages and the contributors table) unless --include-unverified
+    assert '<span class="ok" title="verified">Lab &lt;A&gt; &amp; Co</span>' in dataset_page
+    assert "Lab B" not in dataset_page
+    _board(labs, tmp_path, "site-u", "--include-unverified")
+    dataset_page = (tmp_path / "site-u" / f"dataset-{slug('digits')}.html").read_text()
     assert '<span class="bad" title="rerun differs">Lab B</span>' in dataset_page
     assert '<span class="ok" title="verified">Lab &lt;A&gt; &amp; Co</span>' in dataset_page
 
@@ -428,7 +432,14 @@ def test_the_board_workflow_runs_bundle_code_only_in_a_read_only_job():
         if writes:
             assert "cl-bench verify" not in code and "git push" in code and "--verdicts verdicts" in code, name
     assert {n for n, j in flow["jobs"].items() if j["permissions"].get("contents") == "write"} == {"publish"}
-    assert flow["jobs"]["publish"]["needs"] == "verify"
+    assert flow["jobs"]["publish"]["needs"] == ["pending", "verify"]
+    # one verify job per pending bundle: its own runner, install and artifact, named after that bundle
+    verify = flow["jobs"]["verify"]
+    assert verify["needs"] == "pending" and "${{ fromJSON(needs.pending.outputs.bundles) }}" == \
+        verify["strategy"]["matrix"]["bundle"]
+    upload = next(s for s in verify["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["with"]["name"] == "verdict-${{ matrix.bundle }}"
+    assert "cl-bench" not in "\n".join(s.get("run", "") for s in flow["jobs"]["pending"]["steps"])
 
 
 def _step(flow_file: str, words: str) -> str:
@@ -829,9 +840,8 @@ def _fake_cl_bench(tmp_path: Path) -> tuple[dict, Path]:
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
 
 
-def test_the_board_verifies_each_bundle_without_a_verdict_of_that_very_bundle(tmp_path):
-    import subprocess
-
+def _board_repo(tmp_path: Path) -> Path:
+    """A results repository: kept.zip has its verdict, edited.zip a verdict of other bytes, new.zip none."""
     repo = tmp_path / "repo"
     (repo / "bundles").mkdir(parents=True)
     (repo / "verdicts").mkdir()
@@ -842,30 +852,67 @@ def test_the_board_verifies_each_bundle_without_a_verdict_of_that_very_bundle(tm
     (repo / "verdicts" / "edited.zip.verification.json").write_text(
         json.dumps({"bundle_sha256": sha256_hex(b"before"), "status": "verified"}, indent=1, sort_keys=True))
     (repo / "bundles" / "new.zip.verification.json").write_text("{}")  # beside the bundle: never a board verdict
-    env, log = _fake_cl_bench(tmp_path)
-    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "Verify each bundle")], cwd=repo,
-                         env={**env, "CL_BENCH_DATA": str(tmp_path / "data")}, capture_output=True, text=True)
+    return repo
+
+
+def test_the_board_verifies_each_bundle_without_a_verdict_of_that_very_bundle_in_its_own_job(tmp_path):
+    import subprocess
+
+    repo = _board_repo(tmp_path)
+    out = tmp_path / "github-output"
+    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "List the bundles")], cwd=repo,
+                         env={"PATH": "/usr/bin:/bin", "GITHUB_OUTPUT": str(out)}, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    calls = sorted(log.read_text().splitlines())
-    assert [c.split()[1] for c in calls] == ["bundles/edited.zip", "bundles/new.zip"]
-    assert all("--seed" not in c and "-o new-verdicts/" in c for c in calls)
+    assert out.read_text().startswith("bundles=")
+    assert json.loads(out.read_text().removeprefix("bundles=")) == ["edited.zip", "new.zip"]
+    env, log = _fake_cl_bench(tmp_path)
+    for name in ("new.zip", "../kept.zip"):  # a name the list would never give is refused
+        run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "Verify this job's one bundle")], cwd=repo,
+                             env={**env, "BUNDLE": name, "CL_BENCH_DATA": str(tmp_path / "data")},
+                             capture_output=True, text=True)
+        assert run.returncode == (0 if name == "new.zip" else 1), run.stderr
+    calls = log.read_text().splitlines()
+    assert [c.split()[:2] for c in calls] == [["verify", "bundles/new.zip"]]
+    assert "--seed" not in calls[0] and "-o new-verdicts/new.zip.verification.json" in calls[0]
 
 
-def test_the_publish_job_takes_only_verdict_files_of_bundles_and_builds_each_protocols_board(tmp_path):
+def test_the_board_lists_no_bundle_as_an_empty_json_list(tmp_path):
     import subprocess
 
     repo = tmp_path / "repo"
-    for d in ("bundles", "new-verdicts", "results/p-one/protocol-files", "results/p-two/protocol-files"):
+    (repo / "bundles").mkdir(parents=True)
+    out = tmp_path / "github-output"
+    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "List the bundles")], cwd=repo,
+                         env={"PATH": "/usr/bin:/bin", "GITHUB_OUTPUT": str(out)}, capture_output=True, text=True)
+    assert run.returncode == 0 and out.read_text() == "bundles=[]\n", run.stderr
+
+
+def test_the_publish_job_takes_each_pending_bundles_verdict_only_from_its_own_job(tmp_path):
+    import subprocess
+
+    repo = _board_repo(tmp_path)
+    for d in ("results/p-one/protocol-files", "results/p-two/protocol-files"):
         (repo / d).mkdir(parents=True)
-    (repo / "bundles" / "a.zip").write_bytes(b"a")
-    (repo / "new-verdicts" / "a.zip.verification.json").write_text("{}")
-    (repo / "new-verdicts" / "ghost.zip.verification.json").write_text("{}")  # no such bundle
-    (repo / "new-verdicts" / "notes.txt").write_text("x")
+    kept_before = (repo / "verdicts" / "kept.zip.verification.json").read_text()
+    mine = repo / "new-verdicts" / "verdict-new.zip"
+    mine.mkdir(parents=True)
+    (mine / "new.zip.verification.json").write_text('{"own": 1}')
+    # what new.zip's code could write beside its verdict: forged verdicts of other bundles, verified or pending
+    (mine / "kept.zip.verification.json").write_text('{"forged": 1}')
+    (mine / "edited.zip.verification.json").write_text('{"forged": 1}')
+    (mine / "ghost.zip.verification.json").write_text('{"forged": 1}')
+    (repo / "new-verdicts" / "verdict-kept.zip").mkdir()  # an artifact of a bundle that has its verdict
+    (repo / "new-verdicts" / "verdict-kept.zip" / "kept.zip.verification.json").write_text('{"forged": 1}')
     env, log = _fake_cl_bench(tmp_path)
-    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "Take the new verdicts")], cwd=repo, env=env,
-                         capture_output=True, text=True)
+    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "Take each pending bundle's verdict")], cwd=repo,
+                         env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert sorted(p.name for p in (repo / "verdicts").iterdir()) == ["a.zip.verification.json"]
+    verdicts = {p.name: p.read_text() for p in (repo / "verdicts").iterdir()}
+    assert sorted(verdicts) == ["edited.zip.verification.json", "kept.zip.verification.json",
+                                "new.zip.verification.json"]
+    assert verdicts["new.zip.verification.json"] == '{"own": 1}'  # from its own job
+    assert verdicts["kept.zip.verification.json"] == kept_before  # has its verdict: never overwritten
+    assert "forged" not in verdicts["edited.zip.verification.json"]  # edited.zip's own job wrote none: stays stale
     calls = log.read_text().splitlines()
     assert [c.split("--protocol ")[1].split()[0] for c in calls] == ["p-one", "p-two"]
     assert all("--verdicts verdicts" in c and "verify" not in c.split()[0] for c in calls)
