@@ -150,8 +150,12 @@ def test_merged_board_shows_both_contributors_and_statuses(labs, tmp_path, capsy
     run_page = (tmp_path / "site" / "runs" / f"{slug(labs['tampered'])}.html").read_text()
     assert "Contributed by <b>Lab B</b>" in run_page and "rerun differs" in run_page and "cpu" in run_page
     dataset_page = (tmp_path / "site" / f"dataset-{slug('digits')}.html").read_text()
-    assert "Lab B" in dataset_page and "Lab &lt;A&gt; &amp; Co" in dataset_page
-    # each grid cell names its contributor, coloured by its verification status
+    # each grid cell names its contributor, coloured by its verification status; B's rerun differs: its
+    # records enter no table (they are on their run pages and the contributors table) unless --include-unverified
+    assert '<span class="ok" title="verified">Lab &lt;A&gt; &amp; Co</span>' in dataset_page
+    assert "Lab B" not in dataset_page
+    _board(labs, tmp_path, "site-u", "--include-unverified")
+    dataset_page = (tmp_path / "site-u" / f"dataset-{slug('digits')}.html").read_text()
     assert '<span class="bad" title="rerun differs">Lab B</span>' in dataset_page
     assert '<span class="ok" title="verified">Lab &lt;A&gt; &amp; Co</span>' in dataset_page
 
@@ -341,6 +345,29 @@ def test_a_malformed_bundled_protocol_is_refused_in_one_line(labs, tmp_path, cap
     assert "bad.zip refused" in capsys.readouterr().out and "Lab &lt;A&gt; &amp; Co" in index
 
 
+def test_a_bundled_protocol_with_a_huge_grid_is_refused_before_the_grid_is_expanded(labs, tmp_path, capsys,
+                                                                                   monkeypatch):
+    import yaml
+
+    from harness.execution import plan
+
+    limit = bundle_mod.MAX_GRID_CELLS
+    seeds = limit // 2 + 1  # x 1 dataset x 1 regime x 2 task orders: just over the limit
+
+    def edit(m):
+        old = next(n for n in m if n.startswith("protocol/"))
+        doc = yaml.safe_load(m[old])
+        doc["seeds"] = list(range(seeds))
+        text = yaml.safe_dump(doc).encode()
+        return {**{n: b for n, b in m.items() if n != old}, f"protocol/{sha256_hex(text)[:16]}.yaml": text}
+    big = _rezip(labs["a"], tmp_path / "huge.zip", edit)
+
+    def never(*_a, **_k):
+        raise AssertionError("the grid was expanded")
+    monkeypatch.setattr(plan, "expand", never)
+    _refused(big, capsys, "huge.zip", f"{2 * seeds} cells", f"at most {limit}")
+
+
 def test_read_bundle_refuses_a_non_zip(tmp_path):
     p = tmp_path / "x.zip"
     p.write_bytes(b"not a zip")
@@ -405,7 +432,14 @@ def test_the_board_workflow_runs_bundle_code_only_in_a_read_only_job():
         if writes:
             assert "cl-bench verify" not in code and "git push" in code and "--verdicts verdicts" in code, name
     assert {n for n, j in flow["jobs"].items() if j["permissions"].get("contents") == "write"} == {"publish"}
-    assert flow["jobs"]["publish"]["needs"] == "verify"
+    assert flow["jobs"]["publish"]["needs"] == ["pending", "verify"]
+    # one verify job per pending bundle: its own runner, install and artifact, named after that bundle
+    verify = flow["jobs"]["verify"]
+    assert verify["needs"] == "pending" and "${{ fromJSON(needs.pending.outputs.bundles) }}" == \
+        verify["strategy"]["matrix"]["bundle"]
+    upload = next(s for s in verify["steps"] if s.get("uses", "").startswith("actions/upload-artifact"))
+    assert upload["with"]["name"] == "verdict-${{ matrix.bundle }}"
+    assert "cl-bench" not in "\n".join(s.get("run", "") for s in flow["jobs"]["pending"]["steps"])
 
 
 def _step(flow_file: str, words: str) -> str:
@@ -657,7 +691,8 @@ def test_a_duplicate_run_id_with_other_results_is_flagged_and_the_verified_one_k
     _board(dict(labs, bundles_dir=bundles), tmp_path, "site-d")
     out = capsys.readouterr().out
     assert f"CONFLICT: run {rid} is in bundle 0-early.zip and bundle a.zip" in out
-    assert "the board shows bundle a.zip's (verified), flagged" in out
+    assert "the board shows bundle a.zip's (verified; ranked as that status allows) and names the conflict" in out
+    assert "flagged" not in out  # the kept record is not flagged by the conflict
     assert f"CONFLICT: run {rid} is in bundle 0-early.zip and bundle 1-copy.zip" in out  # both self-reported
     run_page = (tmp_path / "site-d" / "runs" / f"{slug(rid)}.html").read_text()
     assert "conflicts with bundle 0-early.zip" in run_page and "verified" in run_page
@@ -692,6 +727,27 @@ def test_records_of_a_bundle_whose_rerun_differs_are_left_out_of_rankings_unless
     assert after.drop(b_ids).equals(before.drop(b_ids))  # A's (verified) stand as they were
     index = _board(labs, tmp_path, "site-h2", "--include-unverified")
     assert "Left out of the rankings" not in index and "rerun differs" in index
+
+
+@pytest.mark.parametrize("flags", [(), ("--include-flagged",), ("--include-unverified",),
+                                   ("--include-flagged", "--include-unverified")])
+def test_rerun_differs_records_are_ranked_only_under_include_unverified_whatever_include_flagged(labs, tmp_path,
+                                                                                               flags):
+    import csv
+
+    index = _board(labs, tmp_path, "site-f", *flags)
+    with open(tmp_path / "site-f" / "data" / "runs.csv", newline="") as f:
+        ranked = {row["run_id"]: row["ranked"] == "True" for row in csv.DictReader(f)}
+    a_ids = {r.run_id for r in check_bundle(read_bundle(labs["a"])).records}
+    b_ids = {r.run_id for r in check_bundle(read_bundle(labs["b"])).records}
+    # the tiny runs carry learning-check warnings (flagged): ranked only under --include-flagged
+    assert all(ranked[i] == ("--include-flagged" in flags) for i in a_ids)
+    unverified = "--include-unverified" in flags
+    assert all(ranked.get(i, False) == (unverified and "--include-flagged" in flags) for i in b_ids)
+    assert (b_ids <= set(ranked)) == unverified  # held: in no table, yet on its run page and contributors row
+    assert ("Left out of the rankings" in index) != unverified
+    run_page = (tmp_path / "site-f" / "runs" / f"{slug(labs['tampered'])}.html").read_text()
+    assert "rerun differs" in run_page
 
 
 def test_bundle_records_get_no_sweep_command_and_the_board_names_its_results_folder_absolutely(labs, tmp_path):
@@ -784,9 +840,8 @@ def _fake_cl_bench(tmp_path: Path) -> tuple[dict, Path]:
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
 
 
-def test_the_board_verifies_each_bundle_without_a_verdict_of_that_very_bundle(tmp_path):
-    import subprocess
-
+def _board_repo(tmp_path: Path) -> Path:
+    """A results repository: kept.zip has its verdict, edited.zip a verdict of other bytes, new.zip none."""
     repo = tmp_path / "repo"
     (repo / "bundles").mkdir(parents=True)
     (repo / "verdicts").mkdir()
@@ -797,30 +852,67 @@ def test_the_board_verifies_each_bundle_without_a_verdict_of_that_very_bundle(tm
     (repo / "verdicts" / "edited.zip.verification.json").write_text(
         json.dumps({"bundle_sha256": sha256_hex(b"before"), "status": "verified"}, indent=1, sort_keys=True))
     (repo / "bundles" / "new.zip.verification.json").write_text("{}")  # beside the bundle: never a board verdict
-    env, log = _fake_cl_bench(tmp_path)
-    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "Verify each bundle")], cwd=repo,
-                         env={**env, "CL_BENCH_DATA": str(tmp_path / "data")}, capture_output=True, text=True)
+    return repo
+
+
+def test_the_board_verifies_each_bundle_without_a_verdict_of_that_very_bundle_in_its_own_job(tmp_path):
+    import subprocess
+
+    repo = _board_repo(tmp_path)
+    out = tmp_path / "github-output"
+    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "List the bundles")], cwd=repo,
+                         env={"PATH": "/usr/bin:/bin", "GITHUB_OUTPUT": str(out)}, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    calls = sorted(log.read_text().splitlines())
-    assert [c.split()[1] for c in calls] == ["bundles/edited.zip", "bundles/new.zip"]
-    assert all("--seed" not in c and "-o new-verdicts/" in c for c in calls)
+    assert out.read_text().startswith("bundles=")
+    assert json.loads(out.read_text().removeprefix("bundles=")) == ["edited.zip", "new.zip"]
+    env, log = _fake_cl_bench(tmp_path)
+    for name in ("new.zip", "../kept.zip"):  # a name the list would never give is refused
+        run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "Verify this job's one bundle")], cwd=repo,
+                             env={**env, "BUNDLE": name, "CL_BENCH_DATA": str(tmp_path / "data")},
+                             capture_output=True, text=True)
+        assert run.returncode == (0 if name == "new.zip" else 1), run.stderr
+    calls = log.read_text().splitlines()
+    assert [c.split()[:2] for c in calls] == [["verify", "bundles/new.zip"]]
+    assert "--seed" not in calls[0] and "-o new-verdicts/new.zip.verification.json" in calls[0]
 
 
-def test_the_publish_job_takes_only_verdict_files_of_bundles_and_builds_each_protocols_board(tmp_path):
+def test_the_board_lists_no_bundle_as_an_empty_json_list(tmp_path):
     import subprocess
 
     repo = tmp_path / "repo"
-    for d in ("bundles", "new-verdicts", "results/p-one/protocol-files", "results/p-two/protocol-files"):
+    (repo / "bundles").mkdir(parents=True)
+    out = tmp_path / "github-output"
+    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "List the bundles")], cwd=repo,
+                         env={"PATH": "/usr/bin:/bin", "GITHUB_OUTPUT": str(out)}, capture_output=True, text=True)
+    assert run.returncode == 0 and out.read_text() == "bundles=[]\n", run.stderr
+
+
+def test_the_publish_job_takes_each_pending_bundles_verdict_only_from_its_own_job(tmp_path):
+    import subprocess
+
+    repo = _board_repo(tmp_path)
+    for d in ("results/p-one/protocol-files", "results/p-two/protocol-files"):
         (repo / d).mkdir(parents=True)
-    (repo / "bundles" / "a.zip").write_bytes(b"a")
-    (repo / "new-verdicts" / "a.zip.verification.json").write_text("{}")
-    (repo / "new-verdicts" / "ghost.zip.verification.json").write_text("{}")  # no such bundle
-    (repo / "new-verdicts" / "notes.txt").write_text("x")
+    kept_before = (repo / "verdicts" / "kept.zip.verification.json").read_text()
+    mine = repo / "new-verdicts" / "verdict-new.zip"
+    mine.mkdir(parents=True)
+    (mine / "new.zip.verification.json").write_text('{"own": 1}')
+    # what new.zip's code could write beside its verdict: forged verdicts of other bundles, verified or pending
+    (mine / "kept.zip.verification.json").write_text('{"forged": 1}')
+    (mine / "edited.zip.verification.json").write_text('{"forged": 1}')
+    (mine / "ghost.zip.verification.json").write_text('{"forged": 1}')
+    (repo / "new-verdicts" / "verdict-kept.zip").mkdir()  # an artifact of a bundle that has its verdict
+    (repo / "new-verdicts" / "verdict-kept.zip" / "kept.zip.verification.json").write_text('{"forged": 1}')
     env, log = _fake_cl_bench(tmp_path)
-    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "Take the new verdicts")], cwd=repo, env=env,
-                         capture_output=True, text=True)
+    run = subprocess.run(["bash", "-e", "-c", _step("board.yml", "Take each pending bundle's verdict")], cwd=repo,
+                         env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
-    assert sorted(p.name for p in (repo / "verdicts").iterdir()) == ["a.zip.verification.json"]
+    verdicts = {p.name: p.read_text() for p in (repo / "verdicts").iterdir()}
+    assert sorted(verdicts) == ["edited.zip.verification.json", "kept.zip.verification.json",
+                                "new.zip.verification.json"]
+    assert verdicts["new.zip.verification.json"] == '{"own": 1}'  # from its own job
+    assert verdicts["kept.zip.verification.json"] == kept_before  # has its verdict: never overwritten
+    assert "forged" not in verdicts["edited.zip.verification.json"]  # edited.zip's own job wrote none: stays stale
     calls = log.read_text().splitlines()
     assert [c.split("--protocol ")[1].split()[0] for c in calls] == ["p-one", "p-two"]
     assert all("--verdicts verdicts" in c and "verify" not in c.split()[0] for c in calls)

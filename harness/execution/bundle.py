@@ -35,6 +35,9 @@ SMALL_CAP = 2**20  # manifest, environment, protocol file
 # A record member: records are small (a few hundred KiB); the JSON parser takes several times a member's size in
 # memory, so a tighter cap than the store's per-file limit keeps one bundle from running the board out of memory.
 RECORD_CAP = min(MAX_RECORD_BYTES, 8 * 2**20)
+# cells per method a bundled protocol's grid may plan: the check expands the grid, and a protocol file (1 MiB) can
+# list ~10^5 seeds; the shipped protocols plan at most a few hundred
+MAX_GRID_CELLS = 10_000
 DIGITS = 16  # of a sha256 in a method or protocol member's name (a file method's implementation digits)
 # Every member name a bundle may hold: a fixed layout, flat folders, names made of hex digits.
 MEMBER = re.compile(r"(records/[0-9a-f]{12}\.json|methods/[0-9a-f]{16}\.py|protocol/[0-9a-f]{16}\.yaml"
@@ -281,6 +284,10 @@ def _cells(b: Bundle, doc: dict) -> tuple[list, str]:
         protocol = parse_protocol(cell_doc, f"{b.path}:protocol", {"any-method": _AnyMethod()})
     except UserError as exc:
         raise BundleError(f"{b.path}: its protocol file is not a valid protocol: {str(exc)[:300]}") from None
+    count = len(protocol.datasets) * len(protocol.regimes) * len(protocol.task_orders) * len(protocol.seeds)
+    if count > MAX_GRID_CELLS:  # refuse before expanding: the count is known from the sections' lengths
+        raise BundleError(f"{b.path}: its protocol's grid has {count} cells per method (datasets x regimes x "
+                          f"task orders x seeds); allowed: at most {MAX_GRID_CELLS}")
     return [_setting(s.to_dict()) for s in expand(protocol, {d.name: "" for d in protocol.datasets})], ""
 
 

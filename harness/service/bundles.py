@@ -8,7 +8,7 @@ another protocol version, data fingerprint, backbone weights, regime or scenario
 bundle's protocol must be the board's canonical protocol of that name and version (parsed YAML equal), and
 a record whose data fingerprint or backbone weights differ from the board's for its data set is left out,
 saying so. A run id in two sources is kept once (the better-vouched), a conflict said; records of a bundle
-whose rerun differs are flagged (left out of rankings) unless include_unverified.
+whose rerun differs are marked and left out of rankings (include_flagged or not) unless include_unverified.
 """
 from __future__ import annotations
 
@@ -199,7 +199,8 @@ def _duplicate(new, source: Source, records: list, sources: dict, log) -> None:
                           f"results; kept once, from {_where(kept_src)} ({kept_src.status})"))
     else:
         log(terminal_safe(f"leaderboard: CONFLICT: run {new.run_id} is in {_where(old_src)} and {_where(source)} with "
-                          f"different results; the board shows {_where(kept_src)}'s ({kept_src.status}), flagged"))
+                          f"different results; the board shows {_where(kept_src)}'s ({kept_src.status}; ranked as "
+                          f"that status allows) and names the conflict on its run page and contributors row"))
         kept_src = replace(kept_src, reason=f"{kept_src.reason}; run {new.run_id} conflicts with {_where(other)} "
                                             f"({other.contributor}), whose results for it differ")
     if take:
@@ -322,8 +323,8 @@ def merged_leaderboard(req: LeaderboardRequest, log=print) -> tuple:
 
 
 def _held(record, source: Source):
-    """`record` flagged with the warning contributors.HELD when its bundle's rerun differs (shown, marked, left
-    out of rankings as flagged runs are; leaderboard --include-unverified ranks it); else `record` itself."""
+    """`record` marked with the warning contributors.HELD when its bundle's rerun differs (shown, marked, left
+    out of every ranking even under --include-flagged; --include-unverified does not mark it); else `record`."""
     from dataclasses import replace
 
     from ..outputs.site.contributors import HELD

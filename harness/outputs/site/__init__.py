@@ -21,6 +21,7 @@ from .. import charts
 from ..downloads import has_curves
 from ..formatting import rope_text, slug
 from . import dataset, method, overview, run
+from .contributors import held
 from .templates import assets, environment
 from .writer import SiteWriter
 
@@ -35,15 +36,18 @@ def build_site(records: list[RunRecord], out_dir: Path, *, results_dir: str | No
     root: the folder the user named, out_dir inside it (default out_dir): no part of out_dir
     below it may be a symbolic link. force: write into a non-empty folder holding no site.
     Flagged runs (learning-check warnings) are shown and marked everywhere, and left out of
-    the rankings unless include_flagged. rope: region of practical equivalence of the Bayesian
-    comparisons, in ACC points. sources: {run_id: where the record came from} on a board merging bundles
-    (anything with contributor, status, reason, hardware, bundle; service/bundles.py Source), shown per cell
-    and per run.
+    the rankings unless include_flagged; held ones (contributors.held: a bundle whose rerun differs) are
+    left out of every table and ranking whatever include_flagged says. rope: region of practical
+    equivalence of the Bayesian comparisons, in ACC points. sources: {run_id: where the record came from}
+    on a board merging bundles (anything with contributor, status, reason, hardware, bundle;
+    service/bundles.py Source), shown per cell and per run.
     """
     # the folder is checked (links, someone else's files) before any work; on leaving the block the
     # staged files are renamed into place and files of the previous build this one did not write are pruned
     with SiteWriter(Path(out_dir), environment(), {}, root=root, force=force) as w:
-        analysed = analyse(records, include_flagged=include_flagged, rope=rope)
+        # a record whose bundle's rerun differs enters no table or ranking, --include-flagged or not (the service
+        # marks it only unless --include-unverified); its run page and contributors row still show it
+        analysed = analyse([r for r in records if not held(r)], include_flagged=include_flagged, rope=rope)
         labels = panel_labels(analysed)
         tables = relabelled(analysed, labels)
         w.curves = has_curves(tables.runs)  # without curves the downloads are what they were before issue 29

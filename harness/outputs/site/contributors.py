@@ -7,7 +7,8 @@ from collections import defaultdict
 
 STATUS_CLASS = {"verified": "ok", "local": "ok", "rerun differs": "bad"}
 # The warning a merged board gives the records of a bundle whose rerun differs (service/bundles.py): it makes
-# them flagged, so they are shown, marked and left out of rankings as flagged runs are.
+# them flagged, so they are shown and marked; build_site leaves them out of every table and ranking, even under
+# include_flagged (leaderboard --include-unverified does not mark them: then they are ranked as any record).
 HELD = "rerun-differs"
 
 
