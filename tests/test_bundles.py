@@ -118,15 +118,20 @@ def test_tampered_bundle_passes_checks_but_its_rerun_differs(labs):
     assert [r["verdict"] for r in vb["reruns"] if r["run_id"] != labs["tampered"]] == ["bitwise"]
 
 
+def _verify(bundle, tmp_path, *flags, code: int = 0) -> dict:
+    """`cl-bench verify BUNDLE FLAGS -o tmp/v.json`: its exit code checked, its verdict read back."""
+    out = tmp_path / "v.json"
+    assert main(["verify", str(bundle), *flags, "-o", str(out)]) == code
+    return json.loads(out.read_text())
+
+
 def test_sample_zero_runs_no_bundled_code(labs, monkeypatch, tmp_path, capsys):
     import harness.api.registry as registry
 
     def refuse(*args, **kwargs):
         raise AssertionError("bundled code was loaded")
     monkeypatch.setattr(registry, "load_module_file", refuse)
-    out = tmp_path / "v.json"
-    assert main(["verify", str(labs["b"]), "--sample", "0", "-o", str(out)]) == 0
-    verdict = json.loads(out.read_text())
+    verdict = _verify(labs["b"], tmp_path, "--sample", "0")
     assert verdict["status"] == SELF_REPORTED and verdict["ran_bundled_code"] is False and verdict["reruns"] == []
     assert "no bundled code ran" in capsys.readouterr().out
 
@@ -545,9 +550,7 @@ def test_data_not_available_makes_a_bundle_self_reported(labs, tmp_path, monkeyp
     def missing(*args, **kwargs):
         raise DatasetMissing("digits: not found under ./data")
     monkeypatch.setattr(reproduce, "reproduce", missing)
-    out = tmp_path / "v.json"
-    assert main(["verify", str(labs["a"]), "--sample", "1", "-o", str(out)]) == 0
-    verdict = json.loads(out.read_text())
+    verdict = _verify(labs["a"], tmp_path, "--sample", "1")
     assert verdict["status"] == SELF_REPORTED and verdict["reason"].startswith("data not available here")
 
 
@@ -612,14 +615,11 @@ def test_a_sample_the_contributor_could_steer_is_drawn_by_the_verifiers_seed(lab
     assert steered is not None
     hit = next(f"s{i}" for i in range(100) if _first_by(f"s{i}", ids) == labs["tampered"])
     miss = next(f"s{i}" for i in range(100) if _first_by(f"s{i}", ids) != labs["tampered"])
-    out = tmp_path / "v.json"
-    assert main(["verify", str(steered), "--sample", "1", "--seed", hit, "-o", str(out)]) == 1
-    verdict = json.loads(out.read_text())
+    verdict = _verify(steered, tmp_path, "--sample", "1", "--seed", hit, code=1)
     assert verdict["status"] == "rerun differs" and verdict["seed"] == hit
     assert [r["run_id"] for r in verdict["reruns"]] == [labs["tampered"]]
     assert f"1 of 2 finished records rerun (seed {hit})" in verdict["reason"]
-    assert main(["verify", str(steered), "--sample", "1", "--seed", miss, "-o", str(out)]) == 0
-    verdict = json.loads(out.read_text())
+    verdict = _verify(steered, tmp_path, "--sample", "1", "--seed", miss)
     assert verdict["status"] == "verified" and verdict["seed"] == miss and verdict["finished"] == 2
     assert "1 of 2 finished records rerun" in verdict["reason"]
 
@@ -634,9 +634,7 @@ def test_without_a_seed_each_verification_draws_its_own_and_records_it(labs, tmp
 
 
 def test_sample_all_reruns_every_finished_record(labs, tmp_path):
-    out = tmp_path / "v.json"
-    assert main(["verify", str(labs["b"]), "--sample", "all", "--seed", "x", "-o", str(out)]) == 1
-    verdict = json.loads(out.read_text())
+    verdict = _verify(labs["b"], tmp_path, "--sample", "all", "--seed", "x", code=1)
     assert verdict["sample"] == -1 and len(verdict["reruns"]) == 2 and "2 of 2 finished records" in verdict["reason"]
 
 
