@@ -42,7 +42,8 @@ class Backbone:
     with one forward pass); `tail`: parameter-free modules appended after the blocks (e.g. pooling);
     `accepts`: every sample shape it can be built for, `input_shape` among them (default: any): a
     protocol pairing it with a data set of another shape is refused at load, or at planning when the
-    data set's shape is known only once loaded.
+    data set's shape is known only once loaded; `token_blocks`: the transformer blocks (token
+    sequences in and out) where the `prompt` regime families insert prompt tokens.
     """
 
     name: str
@@ -55,13 +56,15 @@ class Backbone:
     feature_dim: int | Callable[[dict], int] | None = None
     tail: Mapping[str, Callable[[], Any]] = field(default_factory=lambda: MappingProxyType({}))
     accepts: InputShapes = ANY_SHAPE
+    token_blocks: tuple[str, ...] = ()
 
     kind = "backbone"
 
     @property
     def facts(self) -> vocab.ModelFacts:
         """What a protocol is validated against (torch-free)."""
-        return vocab.ModelFacts(self.blocks, self.description, self.norm_blocks, self.bias_blocks, self.accepts)
+        return vocab.ModelFacts(self.blocks, self.description, self.norm_blocks, self.bias_blocks, self.accepts,
+                                self.token_blocks)
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,7 @@ def _check_backbone(b: Backbone, where: str) -> None:
     if not isinstance(names, tuple) or not names or not all(isinstance(n, str) and n for n in names) \
             or len(set(names)) != len(names):
         raise PluginError(f"{where}: blocks must be a non-empty tuple of distinct names, got {show(names)}")
-    for key in ("norm_blocks", "bias_blocks"):
+    for key in ("norm_blocks", "bias_blocks", "token_blocks"):
         value = getattr(b, key)
         if not isinstance(value, tuple) or not set(value) <= set(names):
             raise PluginError(f"{where}: {key} must be a tuple of its blocks ({', '.join(names)}), got {show(value)}")

@@ -213,6 +213,9 @@ class ModelFacts:
     norm_blocks: tuple[str, ...] = ()
     bias_blocks: tuple[str, ...] = ()
     accepts: InputShapes = ANY_SHAPE  # the sample shapes it can be built for (config/shapes.py)
+    # Transformer blocks taking (batch, tokens, width) with leading class token(s): where the `prompt`
+    # families insert prompt tokens (harness/api/prompts.py states what such a block provides).
+    token_blocks: tuple[str, ...] = ()
 
     @property
     def n_blocks(self) -> int:
