@@ -247,7 +247,7 @@ MODELS = {
                                    InputShapes((3,))),
     "resnet18": ModelFacts(_RESNET, "torchvision's ResNet-18 (width 64; ImageNet weights with --download), "
                            "stem + 4 stages", _RESNET, _RESNET, InputShapes((3,))),
-    "vit-tiny": _vit(4, "a small timm ViT (4 blocks, width 32, 2 heads; 4x4 patches of any (C, H, W) sample), "
+    "vit-tiny": _vit(3, "a small timm ViT (3 blocks, width 32, 2 heads; 4x4 patches of any (C, H, W) sample), "
                      "for the embedded data and the tests", InputShapes((3,), spatial=2, minimum=4)),
     "vit-b16": _vit(12, "timm's ViT-B/16 (vit_base_patch16_224; ImageNet-21k weights with --download), inputs "
                         "resized to 224x224", InputShapes((3,))),
