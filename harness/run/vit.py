@@ -63,6 +63,8 @@ class PromptBlock(Block):
     """timm's transformer Block with the prompt API (harness/api/prompts.py): `embed_dim`, `prefix_tokens`,
     `prompt`, `add_prompt(n_tokens, replace)`; without a prompt it computes exactly timm's Block."""
 
+    lora_targets = ("attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2")  # regimes._inject_lora: attention and MLP
+
     def __init__(self, dim: int, *args, patch_area: int = 1, **kwargs):
         super().__init__(dim, *args, **kwargs)
         self.embed_dim = int(dim)
@@ -110,6 +112,7 @@ class Embed(nn.Module):
     """The input stage, timm's patch embedding, class token, position embedding and norm_pre (timm's names)."""
 
     takes_pixels = True
+    lora_targets = ()  # no adapter on the patch-embedding conv (regimes._inject_lora)
 
     def __init__(self, vit, mean, std):
         super().__init__()
