@@ -168,6 +168,16 @@ def timm_model(name: str, input_shape, **create):
     return timm.create_model(arch, **timm_kwargs(name, input_shape), **create)
 
 
+def load_timm_file(name: str, input_shape, path, tag: str | None = None) -> dict:
+    """The `blocks.*` state of cl-bench's ViT `name` with the weights file `path` (a download or a harness-made
+    file alike), loaded by timm's own code: timm.create_model(tag, pretrained=True) with the file as its
+    pretrained source (timm drops the classifier, adapts the input conv to the channels, resamples position
+    embeddings); never the network."""
+    vit = timm_model(name, tuple(input_shape), tag=tag, pretrained=True,
+                     pretrained_cfg_overlay=dict(file=str(path)))
+    return timm_to_blocks(vit.state_dict(), depth(name))
+
+
 def split_blocks(name: str, vit, input_shape) -> list[nn.Module]:
     """A timm VisionTransformer as the cl-bench blocks embed, block1..blockN, norm (its own modules)."""
     mean, std = mean_std(name, int(input_shape[0]))
