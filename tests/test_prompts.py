@@ -1,16 +1,14 @@
 """The prompt regime families (VPT-shallow `prompt-lL`, VPT-deep `prompt-deep-lL`): the grammar, injection
 that changes the forward and nothing else, what trains, the accounting (counts, update norms, merges, FLOPs)
-and the refusals. The backbone is a small token model declared here as a plug-in (its blocks implement
-harness/api/prompts.py's API the way the ViT blocks do)."""
+and the refusals. On `vit-tiny` (timm blocks) and on a small token model declared here as a plug-in (its
+blocks implement harness/api/prompts.py's API as a third-party backbone would; its arithmetic is easy by hand)."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import ROOT, make_spec
+from conftest import make_spec
 from torch import nn
 
 from harness.api import plugins, registry
@@ -105,9 +103,15 @@ def toy_backbone():
     registry._CACHE.clear()
 
 
-def _net(regime=None, seed=0):
+MODELS = ("toy-vit", "vit-tiny")
+TOKEN_BLOCKS_OF = {"toy-vit": TOKEN_BLOCKS, "vit-tiny": ("block1", "block2", "block3", "block4")}
+WIDTH = {"toy-vit": D, "vit-tiny": 32}
+SEQUENCE = {"toy-vit": TOKENS, "vit-tiny": 1 + 16}  # vit-tiny: 4x4 patches of any sample, + the class token
+
+
+def _net(regime=None, seed=0, model="toy-vit"):
     torch.manual_seed(seed)
-    net = build_model("toy-vit", (1, 8, 8), 2, 3)
+    net = build_model(model, (1, 8, 8), 2, 3)
     if regime:
         inject_adapters(net, regime)
         apply_regime(net, regime)
@@ -162,29 +166,32 @@ def test_regime_problem_on_models_without_token_blocks_and_depths_without_them()
         is None
     assert v.regime_problem("prompt-l4", "small-cnn", "mnist") == (
         "'prompt-l4' cannot run on model 'small-cnn' of dataset 'mnist': it has no transformer blocks (token_blocks) "
-        "to take prompt tokens; allowed: prompt regimes on a backbone with token_blocks (toy-vit)")
+        "to take prompt tokens; allowed: prompt regimes on a backbone with token_blocks (vit-tiny, vit-b16, vit-b16-clip, "
+        "toy-vit)")
     assert v.regime_problem("last-1:prompt-deep-l4", "toy-vit") == (
         "'last-1:prompt-deep-l4' puts no prompt on model 'toy-vit': its blocks norm hold none of the transformer "
         "blocks tok1, tok2, tok3; allowed: last-k with k >= 2")
 
 
-def test_a_protocol_with_a_prompt_regime_on_a_cnn_is_refused_at_load(tmp_path):
+def test_a_protocol_with_a_prompt_regime_on_a_cnn_is_refused_at_load(tmp_path, cli):
     path = tmp_path / "p.yaml"
     path.write_text("name: p\nversion: '1'\ndatasets: [{name: mnist, n_tasks: 5, classes_per_task: 2}]\n"
                     "regimes: [head, prompt-l4]\nmethods: [naive]\n")
-    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--protocol", str(path), "--dry-run"],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
-    assert "regimes[1]: 'prompt-l4' cannot run on model 'small-cnn' of dataset 'mnist'" in done.stderr
+    code, _, err = cli("run", "--protocol", path, "--dry-run")
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.endswith(
+        "regimes[1]: 'prompt-l4' cannot run on model 'small-cnn' of dataset 'mnist': it has no transformer blocks "
+        "(token_blocks) to take prompt tokens; allowed: prompt regimes on a backbone with token_blocks (vit-tiny, "
+        "vit-b16, vit-b16-clip, toy-vit)\n")
 
 
-def test_a_protocol_with_last_k_prompt_is_refused_at_load(tmp_path):
+def test_a_protocol_with_last_k_prompt_is_refused_at_load(tmp_path, cli):
     path = tmp_path / "p.yaml"
     path.write_text("name: p\nversion: '1'\ndatasets: [digits]\nregimes: [head, 'last-1:prompt-l4']\nmethods: [naive]\n")
-    done = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--protocol", str(path), "--dry-run"],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1
-    assert "regimes[1]: regime 'last-1:prompt-l4' is not allowed: prompt-lL puts its prompt tokens" in done.stderr
+    code, _, err = cli("run", "--protocol", path, "--dry-run")
+    assert code == 2 and err.count("\n") == 1
+    assert err.endswith(f"regimes[1]: {v.regime_error('last-1:prompt-l4')}\n")
+    assert "regime 'last-1:prompt-l4' is not allowed: prompt-lL puts its prompt tokens" in err
 
 
 def test_methods_run_under_prompt_families_except_the_projection_methods():
@@ -195,16 +202,20 @@ def test_methods_run_under_prompt_families_except_the_projection_methods():
 
 
 # -- injection: the forward changes, nothing else ------------------------------------------------------------------
-def test_the_toy_blocks_implement_the_api_and_only_they():
-    net = _net()
-    assert [n for n, b in net.blocks.items() if is_token_block(b)] == list(TOKEN_BLOCKS)
-    assert list(token_blocks(net, ["embed", "tok3", "norm"])) == ["tok3"]
+@pytest.mark.parametrize("model", MODELS)
+def test_the_token_blocks_implement_the_api_and_only_they(model):
+    net = _net(model=model)
+    names = TOKEN_BLOCKS_OF[model]
+    assert [n for n, b in net.blocks.items() if is_token_block(b)] == list(names) == list(v.MODELS[model].token_blocks)
+    assert list(token_blocks(net, ["embed", names[-1], "norm"])) == [names[-1]]
 
 
-@pytest.mark.parametrize("regime, prompted", [("prompt-l3", ["tok1"]), ("prompt-deep-l3", list(TOKEN_BLOCKS)),
-                                              ("last-3:prompt-deep-l3", ["tok2", "tok3"])])
-def test_injection_adds_prompts_and_changes_no_existing_tensor(regime, prompted):
-    net = _net()
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("regime, prompted", [("prompt-l3", slice(0, 1)), ("prompt-deep-l3", slice(None)),
+                                              ("last-3:prompt-deep-l3", slice(-2, None))])
+def test_injection_adds_prompts_and_changes_no_existing_tensor(model, regime, prompted):
+    prompted = list(TOKEN_BLOCKS_OF[model][prompted])
+    net = _net(model=model)
     before = {k: t.clone() for k, t in net.state_dict().items()}
     x = _x()
     with torch.no_grad():
@@ -215,11 +226,9 @@ def test_injection_adds_prompts_and_changes_no_existing_tensor(regime, prompted)
     assert set(after) - set(before) == {f"blocks.{b}.prompt" for b in prompted}
     assert all(torch.equal(after[k], t) for k, t in before.items())
     assert {n: tuple(p.shape) for n, p in prompt_parameters(net).items()} == {
-        f"blocks.{b}.prompt": (3, D) for b in prompted}
-    # the first prompted block prepends, the later ones replace: one prompt per block, never more tokens
-    assert [net.blocks[b].replace for b in prompted] == [False] + [True] * (len(prompted) - 1)
+        f"blocks.{b}.prompt": (3, WIDTH[model]) for b in prompted}
     assert not torch.allclose(plain, prompted_out)
-    bound = vpt_bound(PATCH * PATCH, D)
+    bound = vpt_bound(PATCH * PATCH if model == "toy-vit" else 2 * 2, WIDTH[model])  # vit-tiny: 2x2 patches of 8x8
     assert all(float(p.detach().abs().max()) <= bound for p in prompt_parameters(net).values())
     inject_adapters(net, regime)  # a second call adds nothing
     assert len(prompt_parameters(net)) == len(prompted)
@@ -233,21 +242,29 @@ def test_insert_prompt_prepends_after_the_class_token_and_replaces_the_previous_
     assert insert_prompt(grown, prompt * 2, 1, replace=True)[1, :, 0].tolist() == [0, -2, -2, 2, 4, 6]
 
 
-def test_deep_prompts_keep_the_sequence_length_one_prompt_per_block():
-    net = _net("prompt-deep-l2")
-    lengths = []
-    handles = [net.blocks[b].register_forward_hook(lambda m, a, out: lengths.append(out.shape[1]))
-               for b in TOKEN_BLOCKS]
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("regime, grows", [("prompt-l2", slice(None)), ("prompt-deep-l2", slice(None)),
+                                           ("last-2:prompt-deep-l2", slice(-1, None))])
+def test_one_prompt_per_prompted_block_and_each_output_pooled_at_the_class_token(model, regime, grows):
+    """The first prompted block prepends L tokens, each later one swaps its predecessor's L prompt outputs for
+    its own: every block from the first prompted one on sees exactly one prompt (L more tokens, never 2L)."""
+    net = _net(regime, model=model)
+    names = TOKEN_BLOCKS_OF[model]
+    lengths = {}
+    handles = [net.blocks[b].register_forward_hook(lambda m, a, out, b=b: lengths.__setitem__(b, out.shape[1]))
+               for b in names]
     net.eval()(_x(), 0)
     for h in handles:
         h.remove()
-    assert lengths == [TOKENS + 2] * 3
+    longer = set(names[grows])
+    assert lengths == {b: SEQUENCE[model] + (2 if b in longer else 0) for b in names}
 
 
 # -- what trains --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("regime", ["prompt-l2", "prompt-deep-l2", "last-2:prompt-deep-l2"])
-def test_training_changes_the_prompts_and_heads_only(regime):
-    net = _net(regime)
+def test_training_changes_the_prompts_and_heads_only(model, regime):
+    net = _net(regime, model=model)
     prompts = prompt_parameters(net)
     assert selected_parameters(net, regime) == list(prompts)
     trainable = {n for n, p in net.named_parameters() if p.requires_grad}
@@ -268,8 +285,9 @@ def test_training_changes_the_prompts_and_heads_only(regime):
     assert all(torch.equal(current[n], t) for n, t in backbone.items())
     assert all(not torch.equal(prompts[n], t) for n, t in start.items())
     # the frozen prefix: the blocks before the first prompted block (a prompted block is not frozen)
-    first = {"prompt-l2": "tok1", "prompt-deep-l2": "tok1", "last-2:prompt-deep-l2": "tok3"}[regime]
-    assert frozen_prefix(net.eval()) == list(BLOCKS[:BLOCKS.index(first)])
+    names = TOKEN_BLOCKS_OF[model]
+    first = names[-1] if regime.startswith("last-2") else names[0]
+    assert frozen_prefix(net.eval()) == net.block_names[:net.block_names.index(first)]
 
 
 def test_parameter_counts_and_fraction_by_hand():
@@ -284,6 +302,13 @@ def test_parameter_counts_and_fraction_by_hand():
                       "total_shared": base, "per_head": heads // 2, "adapters": prompts,
                       "fraction": (prompts + heads) / (base + heads)}
     assert parameter_counts(_net("prompt-l4"), "prompt-l4")["trainable_shared"] == 4 * D
+    vit = _net("prompt-deep-l4", model="vit-tiny")
+    plain = sum(p.numel() for p in _net(model="vit-tiny").blocks.parameters())  # the model without prompts
+    vit_heads = 2 * (32 * 3 + 3)
+    assert parameter_counts(vit, "prompt-deep-l4") == {
+        "trainable": 4 * 4 * 32 + vit_heads, "total": plain + vit_heads, "trainable_shared": 4 * 4 * 32,
+        "total_shared": plain, "per_head": vit_heads // 2, "adapters": 4 * 4 * 32,
+        "fraction": (4 * 4 * 32 + vit_heads) / (plain + vit_heads)}
     assert trained_effective(net, "prompt-deep-l4") == [f"blocks.{b}.prompt" for b in TOKEN_BLOCKS]
     weights = effective_weights(net, trained_effective(net, "prompt-deep-l4"))
     assert all(torch.equal(weights[n], p) for n, p in prompt_parameters(net).items())
@@ -301,9 +326,19 @@ def test_flops_count_the_prompt_tokens_by_hand():
     assert shallow[0] == plain[0] == 2 * 4 * 16 * D
 
 
+def test_flops_count_the_prompt_tokens_on_vit_tiny_by_hand():
+    def block_flops(tokens, width=32):  # qkv, proj, fc1 (mlp_ratio 2), fc2: 16 T D^2; QK^T and AV: 4 T^2 D
+        return 16 * tokens * width * width + 4 * tokens * tokens * width
+
+    for regime, extra in (("head", 0), ("prompt-l3", 3), ("prompt-deep-l3", 3), ("last-2:prompt-deep-l3", 3)):
+        flops = flops_per_sample(_net(regime, model="vit-tiny"), (1, 8, 8))["blocks"]
+        grown = [0, 0, 0, extra] if regime.startswith("last-2") else [extra] * 4
+        assert flops[1:5] == [block_flops(SEQUENCE["vit-tiny"] + g) for g in grown], regime
+
+
 # -- runs: update norms and a merge over the prompts --------------------------------------------------------------
-def _prompt_run(method, regime="prompt-deep-l2", **hparams):
-    spec = make_spec(dataset=make_spec().dataset.__class__("digits", 5, 2, "toy-vit"), regime=regime,
+def _prompt_run(method, regime="prompt-deep-l2", model="toy-vit", **hparams):
+    spec = make_spec(dataset=make_spec().dataset.__class__("digits", 5, 2, model), regime=regime,
                      method=method, hparams=hparams, pretrain="none", training=FAST)
     seen = {}
 
@@ -322,23 +357,26 @@ def _norm(tensors) -> float:
     return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors))
 
 
-def test_update_norms_are_the_prompts_and_the_backbone_stays_bitwise():
-    record, seen = _prompt_run("naive")
+@pytest.mark.parametrize("model", MODELS)
+def test_update_norms_are_the_prompts_and_the_backbone_stays_bitwise(model):
+    record, seen = _prompt_run("naive", model=model)
     after = [seen[("after_task", t)][0] for t in range(5)]
     expect = [_norm(after[t][n] - after[t - 1][n] for n in after[t]) for t in range(1, 5)]
     assert record.update_norms["shared"][1:] == pytest.approx(expect, rel=1e-9)
     per_block = record.update_norms["per_block"]
     assert all(per_block[b][1:] == [0.0] * 4 for b in ("embed", "norm"))
-    for b in TOKEN_BLOCKS:
+    for b in TOKEN_BLOCKS_OF[model]:
         key = f"blocks.{b}.prompt"
         assert per_block[b][1:] == pytest.approx([_norm([after[t][key] - after[t - 1][key]]) for t in range(1, 5)])
     first, last = seen[("before_task", 0)][1], seen[("after_task", 4)][1]
     assert all(torch.equal(first[n], last[n]) for n in first if not n.endswith(".prompt"))
-    assert record.params["trainable_shared"] == 3 * 2 * D == record.params["adapters"]
+    n_blocks = len(TOKEN_BLOCKS_OF[model])
+    assert record.params["trainable_shared"] == n_blocks * 2 * WIDTH[model] == record.params["adapters"]
 
 
-def test_magmax_merges_the_prompt_task_vectors():
-    record, seen = _prompt_run("magmax")
+@pytest.mark.parametrize("model", MODELS)
+def test_magmax_merges_the_prompt_task_vectors(model):
+    record, seen = _prompt_run("magmax", model=model)
     lam = registry.get_registry()["magmax"].defaults["lam"]
     theta0 = seen[("before_task", 0)][0]
     taus = [{n: seen[("after_task", t)][0][n] - theta0[n] for n in theta0} for t in range(5)]
