@@ -403,3 +403,17 @@ def test_plugin_check_applies_the_prompt_regimes_to_a_token_backbone():
     assert "token_blocks declares (tok1), the built blocks with the token-block API are (tok1, tok2, tok3)" in \
         _block_problem(liar, _net())[0]
 
+
+
+@pytest.mark.parametrize("model, regime", [pytest.param("vit-tiny", "prompt-l2", marks=pytest.mark.slow),
+                                           ("toy-vit", "last-2:prompt-deep-l2"), ("toy-vit", "prompt-l2")])
+def test_the_frozen_prefix_cache_gives_the_uncached_record_and_runs_repeat(model, regime):
+    """The blocks before the first prompted one are cached (every task: pretrain none); numbers as uncached."""
+    from test_performance_paths import make_spec as perf_spec, run, same_numbers
+
+    spec = perf_spec("naive", regime, model=model, pretrain="none")
+    cached, tasks = run(spec, cache=True)
+    plain, none = run(spec, cache=False)
+    again, _ = run(spec, cache=True)
+    assert tasks == [0, 1, 2, 3, 4] and none == []
+    assert same_numbers(cached, plain) and same_numbers(cached, again) and cached.run_id == again.run_id
