@@ -390,9 +390,9 @@ def test_overview_shows_families_regimes_and_the_pretrain_label(site):
     assert "Across families mean τ -0.45 [" in text and "(within families 0.67, 4 regime pairs)" in text
     assert f"Pre-training {PRETRAIN_LABEL}" in text and "{" not in text.split("Pre-training")[1][:40]
     for fam, description in FAMILY_DESCRIPTIONS.items():
-        if fam != "norm":  # no norm regime in this protocol
+        if fam not in ("norm", "prompt", "prompt-deep"):  # no norm or prompt regime in this protocol
             assert f"{fam} : {description}" in text  # <b>family</b>: description
-    assert FAMILY_DESCRIPTIONS["norm"] not in text
+    assert FAMILY_DESCRIPTIONS["norm"] not in text and FAMILY_DESCRIPTIONS["prompt"] not in text
     regimes = text[text.index("Regimes A regime is"):]
     assert "last-2:lora-r4 lora 3.0% 3,000" in regimes and "full depth 100% 100,000" in regimes
     assert "gpm in bitfit, lora" in text

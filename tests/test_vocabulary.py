@@ -86,7 +86,7 @@ def test_enums_serialise_as_their_strings():
 
     assert json.dumps([v.Status.OK, v.Scenario.CLASS_IL, v.Family.LORA]) == '["ok", "class-il", "lora"]'
     assert f"{v.Status.TIMEOUT}" == "timeout" and v.Status.OK == "ok" and {"ok": 1}[v.Status.OK] == 1
-    assert tuple(v.Family) == ("depth", "bitfit", "norm", "lora")
+    assert tuple(v.Family) == ("depth", "bitfit", "norm", "lora", "prompt", "prompt-deep")
     assert v.parse_regime("last-2:lora-r4").family is v.Family.LORA
 
 

@@ -4,7 +4,8 @@ A LoRA layer (peft) holds a frozen base weight W and adapter factors A, B; what 
 computes with is W + s·BA. Update norms, task vectors and merges use these *effective* weights,
 named as the plain backbone names them (`blocks.fc1.1.weight`, never `...base_layer.weight` or
 the factors), so every family is measured in the same coordinates. Without adapters the
-effective weights are the parameters themselves, bitwise.
+effective weights are the parameters themselves, bitwise. A prompt (harness/api/prompts.py) is an
+added parameter whose effective weight is itself: it is in these weights by its own name.
 
 peft is recognised by duck typing (a module with `base_layer`, `lora_A`, `lora_B` and
 `get_delta_weight`), so methods never import it.

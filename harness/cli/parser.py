@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     parser = _Parser(prog="cl-bench", formatter_class=fmt,
                      description="Continual-learning benchmarks under controlled fine-tuning regimes "
-                                 "(depth, bitfit, norm, LoRA).",
+                                 "(depth, bitfit, norm, LoRA, prompts).",
                      epilog="run `cl-bench COMMAND --help` for a command's options and examples")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     _add_run(sub, fmt)

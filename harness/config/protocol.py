@@ -19,7 +19,7 @@ from .vocabulary import (
     Family,
     Scenario,
     is_dataset_name,
-    is_regime_name,
+    regime_error,
     regime_family,
     regime_problem,
     runs_under_family,
@@ -258,8 +258,10 @@ class _ProtocolValidator(Validator):
     def regimes(self, value, datasets):
         out = []
         for i, regime in enumerate(self.nonempty_list(value, "regimes")):
-            if not isinstance(regime, str) or not is_regime_name(regime):
+            if not isinstance(regime, str):
                 self.fail(f"regimes[{i}]", f"unknown regime {show(regime)}; allowed: {REGIME_GRAMMAR}")
+            if regime_error(regime):  # one line: the name and what is allowed (a depth it takes, the grammar)
+                self.fail(f"regimes[{i}]", regime_error(regime))
             for d in datasets:
                 problem = regime_problem(regime, d.model, d.name)
                 if problem:

@@ -68,6 +68,8 @@ class Family(StrEnum):
     BITFIT = "bitfit"
     NORM = "norm"
     LORA = "lora"
+    PROMPT = "prompt"
+    PROMPT_DEEP = "prompt-deep"
 
 
 REGIME_FAMILIES = tuple(Family)  # the built-in families; plug-in families register beside them
@@ -76,18 +78,33 @@ FAMILY_DESCRIPTIONS = {
     Family.BITFIT: "the biases of the trainable blocks (BatchNorm's shift included), base weights frozen",
     Family.NORM: "the affine scale and shift of the normalisation layers of the trainable blocks",
     Family.LORA: "rank-R adapters (peft LoRA) on every Linear/Conv of the trainable blocks, base frozen",
+    Family.PROMPT: "L prompt tokens prepended at the input of the first transformer block (VPT-shallow), "
+                   "backbone frozen",
+    Family.PROMPT_DEEP: "L prompt tokens at every transformer block of the trainable blocks (VPT-deep: the first "
+                        "prepends, each later one replaces the previous block's), backbone frozen",
 }
-REGIME_GRAMMAR = ("head, full, last-k, bitfit, norm, lora-rR, or last-k:bitfit, last-k:norm, last-k:lora-rR "
-                  "(k >= 1 up to the model's depth, R >= 1)")
-MAX_LORA_RANK = 4096  # the largest argument of any family (lora's rank R)
+MAX_LORA_RANK = 4096  # the largest argument of lora and of a plug-in family
+MAX_PROMPT_TOKENS = 1024  # the largest L of the prompt families (VPT's largest is 200; a ViT has 197 tokens)
+REGIME_GRAMMAR = ("head, full, last-k, bitfit, norm, lora-rR, prompt-lL, prompt-deep-lL, or last-k:bitfit, "
+                  "last-k:norm, last-k:lora-rR, last-k:prompt-deep-lL (k >= 1 up to the model's depth, "
+                  f"R >= 1, 1 <= L <= {MAX_PROMPT_TOKENS})")
 # The subspace families' grammar: the letter of a family's integer argument (`lora-r4`), None for a
 # family written by its name alone. Plug-in families (harness/api/plugins.py) add theirs.
-FAMILY_ARGUMENTS: dict[Family | str, str | None] = {Family.BITFIT: None, Family.NORM: None, Family.LORA: "r"}
+FAMILY_ARGUMENTS: dict[Family | str, str | None] = {Family.BITFIT: None, Family.NORM: None, Family.LORA: "r",
+                                                    Family.PROMPT: "l", Family.PROMPT_DEEP: "l"}
+# The largest argument of a family (MAX_LORA_RANK for one not listed).
+FAMILY_MAXIMA: dict[Family | str, int] = {Family.PROMPT: MAX_PROMPT_TOKENS, Family.PROMPT_DEEP: MAX_PROMPT_TOKENS}
+# Families acting at the input alone: no depth composes with them (`last-k:prompt-lL` is refused).
+INPUT_FAMILIES = (Family.PROMPT,)
+# Families that put tokens into a backbone's token_blocks (its transformer blocks).
+TOKEN_FAMILIES = (Family.PROMPT, Family.PROMPT_DEEP)
 HEAD, FULL, LAST = "head", "full", "last"  # the depth words: `head`, `full`, `last-k`
 # Reserved by the grammar: a plug-in family cannot take these names (harness/api/plugins.py checks).
 GRAMMAR_WORDS = (HEAD, FULL, LAST, Family.DEPTH)
 _LAST_K = re.compile(rf"^{LAST}-([1-9][0-9]*)$")
-_FAMILY = re.compile(r"^([a-z][a-z0-9]*)(?:-([a-z])([1-9][0-9]*))?$")
+# A family's name (words joined by '-', e.g. prompt-deep), then its argument `-<letter>N` if it takes one: the
+# name is matched lazily, so `prompt-deep-l4` is prompt-deep with l = 4 and `bitfit` has no argument.
+_FAMILY = re.compile(r"^([a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)*?)(?:-([a-z])([1-9][0-9]*))?$")
 
 
 @dataclass(frozen=True)
@@ -118,6 +135,11 @@ def parse_regime(name) -> Regime:
         if not depth_match or ":" in rest:
             raise ValueError(f"unknown regime {text!r}; allowed: {REGIME_GRAMMAR}")
         family = _family_part(rest, text)
+        if family[0] in INPUT_FAMILIES:
+            raise ValueError(f"regime {text!r} is not allowed: {family[0]}-lL puts its prompt tokens at the input "
+                             f"only, so no depth composes with it; allowed: {family[0]}-lL, or "
+                             f"{Family.PROMPT_DEEP}-lL and last-k:{Family.PROMPT_DEEP}-lL (prompts at every "
+                             "transformer block of the last k blocks)")
         return Regime(text, int(depth_match.group(1)), family[0], family[1])
     if depth_match:
         return Regime(text, int(depth_match.group(1)), Family.DEPTH)
@@ -129,7 +151,7 @@ def _family_part(part: str, whole: str) -> tuple[Family | str, int | None]:
     match = _FAMILY.match(part)
     if match and match.group(1) in FAMILY_ARGUMENTS and FAMILY_ARGUMENTS[match.group(1)] == match.group(2):
         argument = int(match.group(3)) if match.group(3) else None
-        if argument is None or argument <= MAX_LORA_RANK:
+        if argument is None or argument <= FAMILY_MAXIMA.get(match.group(1), MAX_LORA_RANK):
             return _as_family(match.group(1)), argument
     plugins = [f for f in FAMILY_ARGUMENTS if f not in REGIME_FAMILIES]
     also = f"; plug-in families: {', '.join(plugins)}" if plugins else ""
@@ -149,11 +171,16 @@ def _as_family(name: str) -> Family | str:
 
 def is_regime_name(name) -> bool:
     """True for a name of REGIME_GRAMMAR."""
+    return regime_error(name) is None
+
+
+def regime_error(name) -> str | None:
+    """Why `name` is not a regime of REGIME_GRAMMAR (one line naming it and what is allowed), else None."""
     try:
         parse_regime(name)
-    except ValueError:
-        return False
-    return True
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def regime_family(name: str) -> Family | str:
@@ -173,8 +200,8 @@ def written_family(name) -> Family | str | None:
     match = _FAMILY.match(rest if sep else prefix)
     if (sep and not _LAST_K.match(prefix)) or not match:
         return None
-    word = match.group(1)
-    return None if word in FAMILY_ARGUMENTS or word in GRAMMAR_WORDS else word
+    word = match.group(1)  # a plug-in family's name has no '-' (only built-ins, such as prompt-deep, do)
+    return None if word in FAMILY_ARGUMENTS or word in GRAMMAR_WORDS or "-" in word else word
 
 
 def regime_depth(name: str, n_blocks: int) -> int:
@@ -266,11 +293,26 @@ def regime_problem(regime: str, model: str, dataset: str | None = None) -> str |
     if k > n:
         return f"{regime!r} is deeper than {on} ({n} blocks); allowed: head, last-1..last-{n}, full (k up to {n})"
     blocks = facts.blocks[n - k:] if k else ()
+    if r.family in TOKEN_FAMILIES:
+        return _token_problem(regime, on, blocks, facts)
     needed = {Family.NORM: facts.norm_blocks, Family.BITFIT: facts.bias_blocks}.get(r.family)
     if needed is not None and not set(blocks) & set(needed):
         what = "normalisation layers" if r.family == Family.NORM else "bias terms"
         return (f"{regime!r} trains nothing on {on}: its blocks {', '.join(blocks) or '(none)'} have no "
                 f"{what}; allowed: a regime whose blocks have some ({', '.join(needed) or 'none on this model'})")
+    return None
+
+
+def _token_problem(regime: str, on: str, blocks: tuple[str, ...], facts: ModelFacts) -> str | None:
+    """Why a prompt regime puts no token on the model: no token_blocks at all, or none among its blocks."""
+    if not facts.token_blocks:
+        takers = ", ".join(m for m, f in MODELS.items() if f.token_blocks) or "none registered"
+        return (f"{regime!r} cannot run on {on}: it has no transformer blocks (token_blocks) to take prompt tokens; "
+                f"allowed: prompt regimes on a backbone with token_blocks ({takers})")
+    if not set(blocks) & set(facts.token_blocks):
+        first = len(facts.blocks) - facts.blocks.index(facts.token_blocks[-1])
+        return (f"{regime!r} puts no prompt on {on}: its blocks {', '.join(blocks) or '(none)'} hold none of the "
+                f"transformer blocks {', '.join(facts.token_blocks)}; allowed: last-k with k >= {first}")
     return None
 
 

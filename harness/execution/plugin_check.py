@@ -17,7 +17,7 @@ from pathlib import Path
 README = "submissions/README.md"
 ROWS = 4  # samples pushed through a backbone
 FAMILY_BACKBONES = (("mlp-bn", (1, 8, 8)), ("small-cnn", (1, 8, 8)))
-DEPTH_REGIMES = ("head", "last-1", "full", "bitfit", "norm", "lora-r2")
+DEPTH_REGIMES = ("head", "last-1", "full", "bitfit", "norm", "lora-r2", "prompt-l2", "prompt-deep-l2")
 
 
 def declares(target: str) -> tuple[bool, bool]:
@@ -109,6 +109,7 @@ def check_backbone(backbone, where: str) -> tuple[list, list]:
 
 def _block_problem(backbone, model) -> tuple[str, str] | None:
     """The first way the built blocks differ from the declaration, with its fix; None when they agree."""
+    from ..api.prompts import token_blocks
     from ..run.models import trainable_block_names
     from ..run.regimes import NORM_LAYERS
 
@@ -124,6 +125,11 @@ def _block_problem(backbone, model) -> tuple[str, str] | None:
         if set(has) != set(getattr(backbone, key)):
             return (f"{key} declares ({', '.join(getattr(backbone, key))}), the built blocks holding them are "
                     f"({', '.join(has)})", f"declare {key}={tuple(has)!r} (the norm and bitfit regimes train them)")
+    tokens = list(token_blocks(model))
+    if set(tokens) != set(backbone.token_blocks):
+        return (f"token_blocks declares ({', '.join(backbone.token_blocks)}), the built blocks with the token-block "
+                f"API are ({', '.join(tokens)})", f"declare token_blocks={tuple(tokens)!r}; a token block has "
+                "embed_dim, prefix_tokens, prompt and add_prompt (harness/api/prompts.py)")
     return None
 
 

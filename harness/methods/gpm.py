@@ -39,7 +39,8 @@ GPM_RANGES = {"eps_base": Range(0, 1, low_open=True), "eps_step": Range(low=0), 
 
 GPM_REGIME_NOTE = ("GPM projects the gradients of trainable weight matrices onto the complement of past inputs; "
                    "under bitfit/norm no weight matrix trains (the reference also freezes 1-D parameters after "
-                   "task 1), and a LoRA update BA cannot be kept in that complement by projecting its factors")
+                   "task 1), a LoRA update BA cannot be kept in that complement by projecting its factors, and "
+                   "a prompt token is no layer's weight matrix")
 
 
 def check_gpm_hparams(method: str, eps_base, eps_step, n_samples) -> None:

@@ -109,7 +109,7 @@ def records_of(df: pd.DataFrame) -> list[dict]:
 # ---------------------------------------------------------------- the trainable-fraction axis
 
 LABEL_ANGLE = 40  # degrees; regime names rotate when neighbours are too close to sit level
-DASHES = ("", "5 3", "1.5 3", "7 2 2 2", "3 2")  # one per family, in the order families come
+DASHES = ("", "5 3", "1.5 3", "7 2 2 2", "3 2", "9 2 1.5 2", "1 1")  # one per family, in the order families come
 
 
 def fraction_positions(regs, fractions: dict | None, width: float, inset: float = 0.0) -> tuple[dict, tuple | None]:

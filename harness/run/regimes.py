@@ -3,7 +3,8 @@
 A regime (config.vocabulary.parse_regime) picks the shared blocks that train (its depth) and,
 within them, what trains (its family): every parameter (depth), the biases (bitfit), the
 normalisation layers' affine parameters (norm), LoRA adapters on every Linear/Conv (lora;
-peft, base weights frozen), or what a plug-in family selects (harness/api/plugins.py: the
+peft, base weights frozen), prompt tokens at the transformer blocks (prompt: the first one,
+prompt-deep: each; harness/api/prompts.py), or what a plug-in family selects (harness/api/plugins.py: the
 built-in families are declared the same way, below). Heads always train. Whatever does not train is frozen: no
 requires_grad, no optimizer entry, and a module left with frozen parameters and buffers (a
 BatchNorm whose affine parameters do not train, a whole frozen block) stays in eval mode, so
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from ..api.plugins import RegimeFamily, lookup, register_builtins
+from ..api.prompts import add_prompts, is_prompt_parameter, prompt_parameters
 from ..api.subspace import lora_layers, plain_name
 from ..config.vocabulary import (
     FAMILY_ARGUMENTS,
@@ -82,6 +84,17 @@ def _lora_target(model: CLNet, name: str) -> bool:
     return declared is None or inner in declared
 
 
+def _inject_prompt(model: CLNet, blocks: list[str], n_tokens: int) -> None:
+    """VPT-shallow: `n_tokens` prompts prepended at the first token block (the model's first: the regime acts on
+    every block)."""
+    add_prompts(model, blocks, n_tokens, deep=False)
+
+
+def _inject_deep_prompts(model: CLNet, blocks: list[str], n_tokens: int) -> None:
+    """VPT-deep: `n_tokens` prompts at every token block of `blocks` (the first prepends, the rest replace)."""
+    add_prompts(model, blocks, n_tokens, deep=True)
+
+
 def _every(module, pname: str, argument) -> bool:
     return True
 
@@ -98,6 +111,10 @@ def _adapters_only(module, pname: str, argument) -> bool:
     return False  # the base weights stay frozen; the adapter factors train (see _selects)
 
 
+def _prompts(module, pname: str, argument) -> bool:
+    return is_prompt_parameter(module, pname)  # the backbone stays frozen; only the added prompts train
+
+
 # The built-in regime families, declared as a plug-in file declares its own (harness/api/plugins.py);
 # their grammar is the vocabulary's (FAMILY_ARGUMENTS).
 PLUGINS = register_builtins(
@@ -106,6 +123,10 @@ PLUGINS = register_builtins(
     RegimeFamily(Family.NORM, _norm, FAMILY_DESCRIPTIONS[Family.NORM]),
     RegimeFamily(Family.LORA, _adapters_only, FAMILY_DESCRIPTIONS[Family.LORA], argument=FAMILY_ARGUMENTS[Family.LORA],
                  inject=_inject_lora),
+    RegimeFamily(Family.PROMPT, _prompts, FAMILY_DESCRIPTIONS[Family.PROMPT], argument=FAMILY_ARGUMENTS[Family.PROMPT],
+                 inject=_inject_prompt),
+    RegimeFamily(Family.PROMPT_DEEP, _prompts, FAMILY_DESCRIPTIONS[Family.PROMPT_DEEP],
+                 argument=FAMILY_ARGUMENTS[Family.PROMPT_DEEP], inject=_inject_deep_prompts),
 )
 assert tuple(p.name for p in PLUGINS) == REGIME_FAMILIES
 
@@ -185,17 +206,18 @@ def changed_frozen(model: CLNet, before: dict) -> list[str]:
 
 
 def parameter_counts(model: CLNet, regime: str) -> dict:
-    """Trainable/total parameter counts under the regime (heads always train; adapters are not in `total`).
+    """Trainable/total parameter counts under the regime (heads always train; added parameters are not in `total`).
 
-    `fraction` = trainable / total: LoRA adapters count as trainable, the base model as the total,
-    so families are placed on one axis.
+    `fraction` = trainable / total: added parameters (LoRA adapters, prompts) count as trainable, the base
+    model as the total, so families are placed on one axis; `adapters` counts the added parameters.
     """
     selected = set(selected_parameters(model, regime))
     shared = dict(model.blocks.named_parameters(prefix="blocks"))
     heads = sum(p.numel() for p in model.heads.parameters())
-    base_shared = sum(p.numel() for n, p in shared.items() if plain_name(n) is not None)
+    added = {n for n in shared if plain_name(n) is None} | set(prompt_parameters(model))
+    base_shared = sum(p.numel() for n, p in shared.items() if n not in added)
     trainable_shared = sum(shared[n].numel() for n in selected)
-    adapters = sum(p.numel() for n, p in shared.items() if plain_name(n) is None)
+    adapters = sum(shared[n].numel() for n in added)
     total = base_shared + heads
     return {"trainable": trainable_shared + heads, "total": total, "trainable_shared": trainable_shared,
             "total_shared": base_shared, "per_head": heads // max(len(model.heads), 1),
@@ -203,7 +225,8 @@ def parameter_counts(model: CLNet, regime: str) -> dict:
 
 
 def trained_effective(model: CLNet, regime: str) -> list[str]:
-    """Plain names of the effective weights the regime changes (a LoRA layer's weight for its adapters)."""
+    """Plain names of the effective weights the regime changes (a LoRA layer's weight for its adapters, a
+    prompt itself)."""
     out = []
     for name in selected_parameters(model, regime):
         plain = plain_name(name)

@@ -85,6 +85,10 @@ def _list_regimes(req: ListRequest):
     yield "bitfit     train the biases of every block + heads (last-k:bitfit: of the last k blocks)"
     yield "norm       train the normalisation layers' scale and shift + heads (last-k:norm)"
     yield "lora-rR    train rank-R LoRA adapters on every Linear/Conv, base frozen + heads (last-k:lora-rR)"
+    yield "prompt-lL  train L prompt tokens at the input of the first transformer block (VPT-shallow), backbone " \
+          "frozen + heads (no depth)"
+    yield "prompt-deep-lL  train L prompt tokens at every transformer block (VPT-deep), backbone frozen + heads " \
+          "(last-k:prompt-deep-lL: the transformer blocks among the last k)"
     for family in (f for f in FAMILY_ARGUMENTS if f not in REGIME_FAMILIES):
         form = family if FAMILY_ARGUMENTS[family] is None else f"{family}-{FAMILY_ARGUMENTS[family]}N"
         yield (f"{form:<10} plug-in family ({_plugin_source('regime', family)}), also last-k:{form}: "
