@@ -328,7 +328,9 @@ class DatasetFacts:
 
     n_classes: int
     default_model: str
-    source: str  # "embedded" (ships with a package), "torchvision" (--data-dir, --download) or "plug-in"
+    # "embedded" (ships with a package), "torchvision" (--data-dir, --download), "files" (its own published files:
+    # --data-dir, --download; harness/run/image_sets.py) or "plug-in"
+    source: str
     sample_shape: tuple[int, ...] | None = None  # one sample's shape; None: known once the data is loaded
 
 
@@ -340,7 +342,14 @@ DATASETS = {
     "kmnist": DatasetFacts(10, "small-cnn", "torchvision", (1, 28, 28)),
     "qmnist": DatasetFacts(10, "small-cnn", "torchvision", (1, 28, 28)),
     "cifar100": DatasetFacts(100, "resnet18-reduced", "torchvision", (3, 32, 32)),
+    # The data sets pretrained-model CL publishes on, held as uint8 pixels (0..255; docs/datasets.md): ImageNet-R
+    # and CUB-200-2011 stored at 224x224, CIFAR-100's own 32x32 (the same files as cifar100).
+    "imagenet-r": DatasetFacts(200, "resnet18", "files", (3, 224, 224)),
+    "cub200": DatasetFacts(200, "resnet18", "files", (3, 224, 224)),
+    "cifar100-pixels": DatasetFacts(100, "resnet18-reduced", "files", (3, 32, 32)),
 }
+# Data sets held as uint8 pixels rather than float32 (harness/run/image_sets.py).
+PIXEL_DATASETS = ("imagenet-r", "cub200", "cifar100-pixels")
 NPZ_PREFIX = "npz:"
 USER_DATA_DEFAULT_MODEL = "mlp"
 

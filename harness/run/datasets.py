@@ -1,4 +1,5 @@
-"""Dataset registry: every dataset becomes in-memory float tensors (train and test)."""
+"""Dataset registry: every dataset becomes in-memory tensors (train and test): float32, except the image sets
+for pretrained models (PIXEL_DATASETS), held as uint8 pixels (harness/run/image_sets.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -18,7 +19,7 @@ from ..config.cache import cached
 from ..config.errors import CacheError, DatasetError, DatasetMissing, UserError
 from ..config.paths import cache_dir
 from ..config.text import first_line
-from ..config.vocabulary import DATASETS, NPZ_PREFIX
+from ..config.vocabulary import DATASETS, NPZ_PREFIX, PIXEL_DATASETS
 
 if TYPE_CHECKING:
     import torch
@@ -26,7 +27,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TensorData:
-    """A classification dataset held in memory."""
+    """A classification dataset held in memory: x float32, or uint8 pixels (N, 3, H, W) for PIXEL_DATASETS
+    (models turn those into float / 255 on the device: CLNet.pixels)."""
 
     name: str
     x_train: torch.Tensor
@@ -188,20 +190,30 @@ def _cifar100(root: Path, download: bool, mean, std) -> TensorData:
     """
     import torch
 
+    pixels = cifar100_pixels(root, download)
+    arrays = []
+    for split in ("train", "test"):
+        x = torch.as_tensor(pixels[f"x_{split}"]).float() / 255.0
+        arrays += [x, torch.as_tensor(pixels[f"y_{split}"]).long()]
+    m, s = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
+    return TensorData("cifar100", (arrays[0] - m) / s, arrays[1], (arrays[2] - m) / s, arrays[3])
+
+
+def cifar100_pixels(root: Path, download: bool = False) -> dict:
+    """CIFAR-100's ARRAYS from `root/cifar-100-python/{train,test}` (fetched first with `download`): pixels as
+    uint8 (n, 3, 32, 32), fine labels as int64; read without running code from the files (`read_cifar_pickle`)."""
     folder = root / "cifar-100-python"
     if not (folder / "train").is_file() and download:
         _download_cifar100(root)
-    arrays = []
+    arrays = {}
     for split in ("train", "test"):
         path = folder / split
         if not path.is_file():
             raise DatasetMissing(f"dataset 'cifar100' not found: {path} is missing (torchvision CIFAR100 layout); "
                                "pass --data-dir DIR pointing at it, or add --download to fetch it")
         pixels, labels = _cifar_arrays(path, read_cifar_pickle(path))
-        x = torch.as_tensor(pixels).view(-1, 3, 32, 32).float() / 255.0
-        arrays += [x, torch.as_tensor(labels).long()]
-    m, s = torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1)
-    return TensorData("cifar100", (arrays[0] - m) / s, arrays[1], (arrays[2] - m) / s, arrays[3])
+        arrays[f"x_{split}"], arrays[f"y_{split}"] = pixels.reshape(-1, 3, 32, 32), labels
+    return arrays
 
 
 def _download_cifar100(root: Path) -> None:
@@ -471,9 +483,16 @@ def _builtin(name: str, load) -> DataSource:
                       input_shape=facts.sample_shape)
 
 
+def _image_set(name: str, given: str | None = None, download: bool = False) -> TensorData:
+    from .image_sets import load_image_set  # imported when used: PIL and the archive code serve these sets only
+
+    return load_image_set(name, paths.data_dir(given), download)
+
+
 # The built-in data sets, declared as a plug-in file declares its own (harness/api/plugins.py).
 PLUGINS = register_builtins(_builtin("digits", _digits), _builtin("mnist1d", _mnist1d),
-                            *(_builtin(name, partial(_torchvision, name)) for name in TORCHVISION))
+                            *(_builtin(name, partial(_torchvision, name)) for name in TORCHVISION),
+                            *(_builtin(name, partial(_image_set, name)) for name in PIXEL_DATASETS))
 # Every built-in data set of the vocabulary has a loader here (checked once, at import).
 assert {p.name for p in PLUGINS} == {name for name, facts in DATASETS.items() if facts.source != "plug-in"}
 

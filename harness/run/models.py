@@ -34,8 +34,17 @@ class CLNet(MultiTaskModule):
         """Block names, input side first."""
         return list(self.blocks.keys())
 
+    def pixels(self, x: torch.Tensor) -> torch.Tensor:
+        """The first block's input: uint8 pixels (the image data sets, harness/run/image_sets.py) as float / 255
+        where x is (on its device), unless the first block takes pixels itself (`takes_pixels`: a ViT's input
+        stage, which also normalises them); anything else unchanged."""
+        if x.dtype != torch.uint8 or getattr(next(iter(self.blocks.values())), "takes_pixels", False):
+            return x
+        return x.float() / 255.0  # a division, not * (1/255): bitwise what a float copy of the data set holds
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """Output of the last block."""
+        x = self.pixels(x)
         for block in self.blocks.values():
             x = block(x)
         return x

@@ -67,7 +67,7 @@ def prefix_features(model, prefix: list[str], x: torch.Tensor, batch_size: int =
     blocks = [model.blocks[n] for n in prefix]
     chunks, limit = [], None
     for start in range(0, len(x), batch_size):
-        h = x[start:start + batch_size]
+        h = model.pixels(x[start:start + batch_size])  # the prefix starts at the first block: CLNet.features' input
         for block in blocks:
             h = block(h)
         if limit is None:
@@ -208,7 +208,7 @@ class EvalCache:
             return float("nan")
         chunks = self.features.get(task.index)
         if chunks is None:
-            chunks = [_run_blocks(model, prefix, task.x_test[s:s + batch_size].to(device))
+            chunks = [_run_blocks(model, prefix, model.pixels(task.x_test[s:s + batch_size].to(device)))
                       for s in range(0, len(task.y_test), batch_size)]
             if sum(c.nelement() * c.element_size() for c in chunks) <= MAX_CACHE_BYTES:
                 self.features[task.index] = chunks
