@@ -155,6 +155,13 @@ def vit_protocol(orders: int, model: str = "vit-b16", dataset: str = VIT_DATASET
             "evaluation": {"batch_size": 256}}
 
 
+def default_vit_dataset() -> str:
+    """cifar100-pixels (uint8 in memory) where this checkout has it, else cifar100 (the same files, float32)."""
+    from harness.config.vocabulary import DATASETS
+
+    return VIT_DATASET if VIT_DATASET in DATASETS else "cifar100"
+
+
 def memory_per_regime(results: Path, name: str) -> dict:
     """regime -> (runs, mean MiB, max MiB) of the records' CUDA peak allocated memory (provenance.memory)."""
     from harness.execution.store import load_records
@@ -279,19 +286,20 @@ def main(argv=None) -> int:
     ap.add_argument("--runs-per-level", type=int,
                     help="runs at every level (default 16: one per worker at 16; vit 6: 3 regimes x 2 orders)")
     ap.add_argument("--model", help="vit unit: the backbone (default vit-b16; vit-tiny with --cpu-smoke)")
-    ap.add_argument("--dataset", default=VIT_DATASET, help=f"vit unit: the data set's name (default {VIT_DATASET})")
+    ap.add_argument("--dataset", help=f"vit unit: the data set (default {VIT_DATASET}, or cifar100 where this "
+                                      "checkout has no pixel data set: the same files, held as float32)")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="start no further level after this many seconds (default 420)")
     ap.add_argument("--train-size", type=int, default=6000, help="synthetic training images (default 6000)")
     ap.add_argument("--test-size", type=int, default=1000, help="synthetic test images (default 1000)")
     ap.add_argument("--cpu-smoke", action="store_true",
-                    help="vit unit on the CPU with vit-tiny and a tiny set (300/100 images, levels 1,2, 3 runs): "
+                    help="vit unit on the CPU with vit-tiny and a tiny set (200/100 images, levels 1,2, 3 runs): "
                          "checks the code path, measures nothing")
     ap.add_argument("--out", help="keep data, protocol, results and logs here (default: a temp folder, removed)")
     ap.add_argument("--dry-run", action="store_true", help="write data and protocol, print the commands, run nothing")
     args = ap.parse_args(argv)
     if args.cpu_smoke:
-        args.unit, args.train_size, args.test_size = "vit", 300, 100
+        args.unit, args.train_size, args.test_size = "vit", 200, 100
         args.levels, args.runs_per_level = args.levels or "1,2", args.runs_per_level or 3
     vit = args.unit == "vit"
     levels = [int(v) for v in (args.levels or ("1,2,4" if vit else "1,4,8,16")).split(",") if v.strip()]
@@ -318,8 +326,10 @@ def _prepare(args, data_dir: Path, proto_file: Path) -> tuple[str, str]:
         write_cifar_pickles(data_dir, args.train_size, args.test_size)
         orders = max(1, math.ceil(args.runs_per_level / len(VIT_REGIMES)))
         model = args.model or ("vit-tiny" if args.cpu_smoke else "vit-b16")
-        proto_file.write_text(yaml.safe_dump(vit_protocol(orders, model, args.dataset), sort_keys=False))
-        return VIT_NAME, (f"{args.train_size}/{args.test_size} synthetic CIFAR-100 32x32 uint8 images, {model}, "
+        dataset = args.dataset or default_vit_dataset()
+        proto_file.write_text(yaml.safe_dump(vit_protocol(orders, model, dataset), sort_keys=False))
+        return VIT_NAME, (f"{args.train_size}/{args.test_size} synthetic CIFAR-100 32x32 uint8 images as {dataset}, "
+                          f"{model}, "
                           "class-IL 10x10, naive under head/lora-r4/full, bf16")
     write_data(data_dir, args.train_size, args.test_size)
     per_order = len(METHODS) * len(protocol(1)["regimes"])
