@@ -83,17 +83,26 @@ def test_bf16_changes_the_forward_but_not_by_much():
     assert torch.equal(copied, bf16)
 
 
-def test_eval_cache_computes_what_the_uncached_bf16_forward_does():
+@pytest.mark.parametrize("backbone", ["mlp", "vit-tiny"])
+def test_eval_cache_computes_what_the_uncached_bf16_forward_does(backbone):
+    from harness.config.specs import DatasetSpec
     from harness.run.evaluation import evaluate_tasks
     from harness.run.regimes import apply_regime
 
     torch.manual_seed(0)
-    model = build_run_model(make_spec(regime="head"), (1, 8, 8))
+    spec = make_spec(regime="head", dataset=DatasetSpec("digits", 5, 2, backbone))
+    model = build_run_model(spec, (1, 8, 8))
     apply_regime(model, "head")
     set_precision(model, "bf16")
     task = type("T", (), {})()
     task.x_test, task.y_test, task.index = torch.randn(300, 1, 8, 8), torch.randint(0, 2, (300,)), 0
-    cached = EvalCache().evaluate(model, [task], 64, "cpu")
+    with torch.no_grad():
+        fp32 = copy.deepcopy(model)
+        set_precision(fp32, "fp32")
+        assert not torch.equal(model(task.x_test, 0), fp32(task.x_test, 0))  # bf16 reaches this backbone
+    cache = EvalCache()
+    cached = cache.evaluate(model, [task], 64, "cpu")
+    assert cache.features  # the cached path ran
     assert cached == evaluate_tasks(model, [task], 64, "cpu")
 
 
