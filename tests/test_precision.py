@@ -116,3 +116,26 @@ def test_bf16_run_records_what_ran_and_learns_as_fp32_does():
     assert fp32.update_norms != bf16.update_norms  # another computation ...
     final32, final16 = fp32.acc_matrix[-1], bf16.acc_matrix[-1]
     assert max(abs(a - b) for a, b in zip(final32, final16)) < 0.1  # ... of the same learning
+
+
+def test_prefix_cache_trains_bf16_runs_to_the_uncached_numbers(monkeypatch):
+    from harness.run import speedups
+
+    spec = _bf16(make_spec(regime="last-1", training=TrainingSpec(lr=0.05, momentum=0.9, epochs=2, batch_size=32)))
+    cached_tasks = []
+
+    def observer(event, t, strategy):
+        if event == "after_task" and t == spec.dataset.n_tasks - 1:
+            cached_tasks.extend(strategy.harness_cache.tasks_cached)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as every worker runs: BLAS splits products alike with and without the cache
+    try:
+        monkeypatch.setattr(speedups, "PREFIX_CACHE", True)
+        cached = run_one(spec, device="cpu", observer=observer)
+        monkeypatch.setattr(speedups, "PREFIX_CACHE", False)
+        plain = run_one(spec, device="cpu")
+    finally:
+        torch.set_num_threads(threads)
+    assert cached_tasks  # the cache was used
+    assert cached.acc_matrix == plain.acc_matrix and cached.update_norms == plain.update_norms
