@@ -161,8 +161,11 @@ def main(argv=None) -> int:
     except UserError as exc:
         print(f"benchmarks/published.py: {exc}", file=sys.stderr)
         return 2
+    from harness.config.text import terminal_safe
+
     found = cells(records)
-    print("\n".join(comparison_lines(found)))
+    for line in comparison_lines(found):
+        print(terminal_safe(line))  # labels come from record files
     unmatched = sorted({c.setting for c in found if c.setting not in SETTINGS.values()})
     if unmatched:
         print(f"no published figures for: {', '.join(unmatched)} (docs/published.md lists the settings)")
