@@ -1,6 +1,7 @@
 """A finished sweep beside the published figures of its settings (docs/published.md).
 
 python benchmarks/published.py --results DIR [--protocol vit-sweep] [--version V]
+python benchmarks/published.py            (no sweep: lists the published figures; what `make bench` runs)
 
 Reads the sweep's records through the library (harness.service.records.paper_records: every record
 verified on read, one protocol version), and per (data set, method, regime) computes from each record's
@@ -149,10 +150,14 @@ def comparison_lines(found: list[Cell]) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--results", required=True, help="the sweep's results folder")
+    ap.add_argument("--results", help="the sweep's results folder (none: list the published figures)")
     ap.add_argument("--protocol", help="the protocol (needed where the folder holds several)")
     ap.add_argument("--version", help="the protocol version (default: the newest)")
     args = ap.parse_args(argv)
+    if args.results is None:
+        for p in PUBLISHED:
+            print(f"{p.setting:<20} {p.method:<24} {p.metric:<6} {p.value:6.2f}  {p.weights}; {p.source}")
+        return 0
     from harness.config.errors import UserError
     from harness.service.records import paper_records
 

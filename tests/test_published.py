@@ -74,3 +74,9 @@ def test_an_empty_results_folder_is_one_line_and_exit_2(tmp_path, capsys):
     assert published.main(["--results", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "no records found" in err
+
+
+def test_without_a_sweep_it_lists_the_figures(capsys):
+    assert published.main([]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == len(published.PUBLISHED) and "83.40" in lines[0]
