@@ -17,6 +17,15 @@ contexts included); steady/h is N × 3600 / mean in-run seconds (what a long swe
 util is the GPU's utilisation (mean / max of the samples), peak MiB the most GPU memory in use.
 Without CUDA it prints one line and exits 0 (`make bench` runs every benchmark); --dry-run writes
 the data and protocol and prints the commands, on any machine.
+
+`--unit vit` measures the ViT unit instead: ViT-B/16 (`vit-b16`, random weights: throughput does not
+depend on them, and the GPU machine cannot download any) on CIFAR-100-shaped uint8 pixels (synthetic
+class-dependent 32x32 images written as the `cifar-100-python` pickles the harness reads;
+--train-size/--test-size default 6000/1000 over 100 classes), class-IL B0Inc10 (10 tasks x 10
+classes), naive under the regimes head, lora-r4 and full, training.precision bf16, levels 1,2,4
+(--levels). Besides the level table it prints the GPU memory per run (the records'
+provenance.memory.cuda_peak_bytes, per regime). `--cpu-smoke` runs the same code path on the CPU
+with `vit-tiny` and a tiny set (the check that it runs before it meets a GPU).
 """
 from __future__ import annotations
 
@@ -42,6 +51,9 @@ sys.path.insert(0, str(ROOT))
 NAME = "gpu-bench"
 METHODS = ("naive", "ewc-online", "lwf", "gpm", "became", "magmax")
 SKIP_LINE = "benchmarks/gpu.py: no CUDA device; skipped (not run)"
+VIT_NAME = "gpu-bench-vit"
+VIT_REGIMES = ("head", "lora-r4", "full")
+VIT_DATASET = "cifar100-pixels"  # uint8 pixels in memory, resized and normalised on the device by the ViT
 
 
 # ---------------------------------------------------------------- data and protocol
@@ -112,6 +124,56 @@ def pick_runs(protocol_file: Path, data_dir: Path, n: int) -> list[str]:
     return [s.run_id for s in sorted(specs, key=key)][:n]
 
 
+def write_cifar_pickles(root: Path, n_train: int, n_test: int, size: int = 32, seed: int = 0) -> None:
+    """cifar-100-python/{train,test}: dicts of uint8 'data' (n, 3*size*size) and 'fine_labels' (100 classes,
+    balanced), each class a smooth colour blob plus noise: learnable, and read as the real files are."""
+    import pickle
+
+    rng = np.random.default_rng(seed)
+    coarse = rng.uniform(0.0, 1.0, size=(100, 3, 4, 4))
+    prototypes = np.kron(coarse, np.ones((size // 4, size // 4)))  # (100, 3, size, size)
+    folder = root / "cifar-100-python"
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("test", n_test)):
+        y = np.arange(n) % 100
+        rng.shuffle(y)
+        x = np.clip(prototypes[y] + rng.normal(0.0, 0.15, size=(n, 3, size, size)), 0.0, 1.0)
+        entry = {"data": (x * 255).round().astype(np.uint8).reshape(n, -1), "fine_labels": y.tolist()}
+        (folder / split).write_bytes(pickle.dumps(entry, protocol=2))
+
+
+def vit_protocol(orders: int, model: str = "vit-b16", dataset: str = VIT_DATASET, epochs: int = 1) -> dict:
+    """The ViT unit: class-IL B0Inc10 on CIFAR-100-shaped pixels, naive under head, lora-r4 and full, bf16."""
+    return {"name": VIT_NAME, "version": "1",
+            "description": f"GPU throughput benchmark (ViT unit: {model}, class-IL B0Inc10, bf16)",
+            "scenario": "class-il", "pretrain": "none",
+            "datasets": [{"name": dataset, "n_tasks": 10, "classes_per_task": 10, "model": model}],
+            "regimes": list(VIT_REGIMES), "methods": ["naive"],
+            "task_orders": {"count": orders, "seed": 0}, "seeds": [0],
+            "training": {"optimizer": "sgd", "lr": 0.01, "momentum": 0.9, "epochs": epochs, "batch_size": 64,
+                         "precision": "bf16"},
+            "evaluation": {"batch_size": 256}}
+
+
+def default_vit_dataset() -> str:
+    """cifar100-pixels (uint8 in memory) where this checkout has it, else cifar100 (the same files, float32)."""
+    from harness.config.vocabulary import DATASETS
+
+    return VIT_DATASET if VIT_DATASET in DATASETS else "cifar100"
+
+
+def memory_per_regime(results: Path, name: str) -> dict:
+    """regime -> (runs, mean MiB, max MiB) of the records' CUDA peak allocated memory (provenance.memory)."""
+    from harness.execution.store import load_records
+
+    found: dict = {}
+    for r in load_records(results, name) if (results / name).exists() else []:
+        peak = (r.provenance.get("memory") or {}).get("cuda_peak_bytes")
+        if peak:
+            found.setdefault(r.spec.regime, []).append(peak / 2**20)
+    return {k: (len(v), statistics.fmean(v), max(v)) for k, v in sorted(found.items())}
+
+
 def level_command(protocol_file: Path, data_dir: Path, results: Path, jobs: int, run_ids, device="cuda") -> list:
     return [sys.executable, "-m", "harness.cli", "run", "--protocol", str(protocol_file), "--data-dir", str(data_dir),
             "--device", device, "--jobs", str(jobs), "--no-mlflow", "--no-leaderboard", "--no-progress",
@@ -169,7 +231,8 @@ class GpuSampler(threading.Thread):
 
     def stop(self) -> dict:
         self.done.set()
-        self.join(timeout=15)
+        if self.ident is not None:  # started (a CPU smoke run samples nothing)
+            self.join(timeout=15)
         util = [u for u, _ in self.samples]
         mem = [m for _, m in self.samples if not math.isnan(m)]
         return {"util_mean": statistics.fmean(util) if util else math.nan, "util_max": max(util, default=math.nan),
@@ -178,10 +241,11 @@ class GpuSampler(threading.Thread):
 
 # ---------------------------------------------------------------- one level
 
-def run_level(cmd: list, timeout: float, log: Path) -> tuple[float, int, dict]:
-    """(wall s, exit code, GPU stats) of one CLI sweep; its output goes to `log`."""
+def run_level(cmd: list, timeout: float, log: Path, sample: bool = True) -> tuple[float, int, dict]:
+    """(wall s, exit code, GPU stats) of one CLI sweep; its output goes to `log` (`sample`: watch the GPU)."""
     sampler = GpuSampler()
-    sampler.start()
+    if sample:
+        sampler.start()
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "RAY_USAGE_STATS_ENABLED": "0"}
     t0 = time.perf_counter()
     with open(log, "w") as out:
@@ -197,11 +261,11 @@ def run_level(cmd: list, timeout: float, log: Path) -> tuple[float, int, dict]:
     return wall, code, sampler.stop()
 
 
-def level_records(results: Path) -> tuple[int, bool, float, set]:
+def level_records(results: Path, name: str = NAME) -> tuple[int, bool, float, set]:
     """(records, all ok, mean in-run seconds, devices recorded) of a level's results folder."""
     from harness.execution.store import load_records
 
-    recs = load_records(results, NAME) if (results / NAME).exists() else []
+    recs = load_records(results, name) if (results / name).exists() else []
     total = [r.timings.get("total_s") for r in recs if r.timings.get("total_s")]
     return (len(recs), bool(recs) and all(r.status == "ok" for r in recs),
             statistics.fmean(total) if total else math.nan, {r.provenance.get("device") for r in recs})
@@ -216,21 +280,34 @@ def fmt(x: float, spec: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--levels", default="1,4,8,16", help="concurrent runs per GPU (--jobs), comma-separated")
-    ap.add_argument("--runs-per-level", type=int, default=16,
-                    help="runs at every level (default 16: one per worker at 16; 32 or more for steadier numbers)")
+    ap.add_argument("--unit", choices=("mnist", "vit"), default="mnist",
+                    help="mnist: depth-sweep's MNIST cell (default); vit: ViT-B/16 on CIFAR-100-shaped pixels, bf16")
+    ap.add_argument("--levels", help="concurrent runs per GPU (--jobs), comma-separated (default 1,4,8,16; vit 1,2,4)")
+    ap.add_argument("--runs-per-level", type=int,
+                    help="runs at every level (default 16: one per worker at 16; vit 6: 3 regimes x 2 orders)")
+    ap.add_argument("--model", help="vit unit: the backbone (default vit-b16; vit-tiny with --cpu-smoke)")
+    ap.add_argument("--dataset", help=f"vit unit: the data set (default {VIT_DATASET}, or cifar100 where this "
+                                      "checkout has no pixel data set: the same files, held as float32)")
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="start no further level after this many seconds (default 420)")
     ap.add_argument("--train-size", type=int, default=6000, help="synthetic training images (default 6000)")
     ap.add_argument("--test-size", type=int, default=1000, help="synthetic test images (default 1000)")
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="vit unit on the CPU with vit-tiny and a tiny set (200/100 images, levels 1,2, 3 runs): "
+                         "checks the code path, measures nothing")
     ap.add_argument("--out", help="keep data, protocol, results and logs here (default: a temp folder, removed)")
     ap.add_argument("--dry-run", action="store_true", help="write data and protocol, print the commands, run nothing")
     args = ap.parse_args(argv)
-    levels = [int(v) for v in args.levels.split(",") if v.strip()]
+    if args.cpu_smoke:
+        args.unit, args.train_size, args.test_size = "vit", 200, 100
+        args.levels, args.runs_per_level = args.levels or "1,2", args.runs_per_level or 3
+    vit = args.unit == "vit"
+    levels = [int(v) for v in (args.levels or ("1,2,4" if vit else "1,4,8,16")).split(",") if v.strip()]
+    args.runs_per_level = args.runs_per_level or (6 if vit else 16)
 
     import torch
 
-    if not args.dry_run and not torch.cuda.is_available():
+    if not args.dry_run and not args.cpu_smoke and not torch.cuda.is_available():
         print(SKIP_LINE)
         return 0
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="cl-bench-gpu-"))
@@ -241,26 +318,53 @@ def main(argv=None) -> int:
             shutil.rmtree(out, ignore_errors=True)
 
 
-def _bench(args, levels: list[int], out: Path) -> int:
+def _prepare(args, data_dir: Path, proto_file: Path) -> tuple[str, str]:
+    """Write the unit's data and protocol; (protocol name, one line saying what was written)."""
     import yaml
 
-    t_start = time.perf_counter()
-    data_dir, proto_file = out / "data", out / "protocol.yaml"
+    if args.unit == "vit":
+        write_cifar_pickles(data_dir, args.train_size, args.test_size)
+        orders = max(1, math.ceil(args.runs_per_level / len(VIT_REGIMES)))
+        model = args.model or ("vit-tiny" if args.cpu_smoke else "vit-b16")
+        dataset = args.dataset or default_vit_dataset()
+        proto_file.write_text(yaml.safe_dump(vit_protocol(orders, model, dataset), sort_keys=False))
+        return VIT_NAME, (f"{args.train_size}/{args.test_size} synthetic CIFAR-100 32x32 uint8 images as {dataset}, "
+                          f"{model}, "
+                          "class-IL 10x10, naive under head/lora-r4/full, bf16")
     write_data(data_dir, args.train_size, args.test_size)
     per_order = len(METHODS) * len(protocol(1)["regimes"])
     proto_file.write_text(yaml.safe_dump(protocol(max(1, math.ceil(args.runs_per_level / per_order))),
                                          sort_keys=False))
+    return NAME, f"{args.train_size}/{args.test_size} synthetic MNIST images"
+
+
+def _bench(args, levels: list[int], out: Path) -> int:
+    t_start = time.perf_counter()
+    data_dir, proto_file = out / "data", out / "protocol.yaml"
+    name, what = _prepare(args, data_dir, proto_file)
     run_ids = pick_runs(proto_file, data_dir, args.runs_per_level)
-    print(f"data: {args.train_size}/{args.test_size} synthetic MNIST images in {data_dir}; protocol {proto_file}; "
+    print(f"data: {what} in {data_dir}; protocol {proto_file}; "
           f"{len(run_ids)} runs per level ({time.perf_counter() - t_start:.0f} s to prepare)")
-    commands = {n: level_command(proto_file, data_dir, out / f"results-c{n}", n, run_ids) for n in levels}
+    device = "cpu" if args.cpu_smoke else "cuda"
+    commands = {n: level_command(proto_file, data_dir, out / f"results-c{n}", n, run_ids, device) for n in levels}
     if args.dry_run:
         for n, cmd in commands.items():
             print(f"level {n:>2}: {shlex.join(cmd)}")
         print(f"dry run: nothing run; data and protocol kept in {out}")
         return 0
+    if not args.cpu_smoke:
+        print(f"device: {gpu_name()} (nvidia-smi -i {gpu_index()}); sampling with {GpuSampler().source}")
+    rows, failed = _levels(args, levels, commands, out, name, run_ids, t_start)
+    _print_levels(rows)
+    if args.unit == "vit":
+        _print_memory(out, name, levels)
+    print(f"total {time.perf_counter() - t_start:.0f} s; logs and results "
+          f"{'in ' + str(out) if args.out else 'removed (keep them with --out DIR)'}")
+    return 1 if failed else 0
 
-    print(f"device: {gpu_name()} (nvidia-smi -i {gpu_index()}); sampling with {GpuSampler().source}")
+
+def _levels(args, levels, commands, out: Path, name: str, run_ids, t_start: float) -> tuple[list, bool]:
+    """Run every level within the budget; (table rows, whether any level failed)."""
     rows, failed = [], False
     for n in levels:
         elapsed = time.perf_counter() - t_start
@@ -269,25 +373,36 @@ def _bench(args, levels: list[int], out: Path) -> int:
                   f"{', '.join(str(m) for m in levels[levels.index(n):])}")
             break
         timeout = max(60.0, args.budget_s - elapsed) + 120.0
-        wall, code, gpu = run_level(commands[n], timeout, out / f"level-c{n}.log")
-        count, ok, run_s, devices = level_records(out / f"results-c{n}")
+        wall, code, gpu = run_level(commands[n], timeout, out / f"level-c{n}.log", sample=not args.cpu_smoke)
+        count, ok, run_s, devices = level_records(out / f"results-c{n}", name)
         ok = ok and code == 0 and count == len(run_ids)
         failed |= not ok
         rows.append((n, count, wall, count * 3600 / wall, math.nan if math.isnan(run_s) else n * 3600 / run_s,
                      run_s, gpu, ok, code, devices))
         print(f"  level {n:>2}: {count} runs in {wall:.0f} s (exit {code}, devices {sorted(map(str, devices))})",
               flush=True)
-        if code != 0:
+        if code != 0 or not ok:
             print("    " + "\n    ".join((out / f"level-c{n}.log").read_text().splitlines()[-15:]))
+    return rows, failed
+
+
+def _print_levels(rows: list) -> None:
     print(f"\n{'conc':>4} {'runs':>5} {'wall s':>7} {'runs/h':>8} {'steady/h':>9} {'s/run':>6} "
           f"{'util mean':>9} {'util max':>8} {'peak MiB':>9}  all ok")
     for n, count, wall, per_h, steady, run_s, gpu, ok, code, _ in rows:
         print(f"{n:>4} {count:>5} {wall:>7.0f} {per_h:>8.0f} {fmt(steady, '.0f'):>9} {fmt(run_s, '.1f'):>6} "
               f"{fmt(gpu['util_mean'], '.0f%'):>9} {fmt(gpu['util_max'], '.0f%'):>8} {fmt(gpu['mem_peak'], '.0f'):>9}  "
               f"{'yes' if ok else f'NO (exit {code})'}")
-    print(f"total {time.perf_counter() - t_start:.0f} s; logs and results "
-          f"{'in ' + str(out) if args.out else 'removed (keep them with --out DIR)'}")
-    return 1 if failed else 0
+
+
+def _print_memory(out: Path, name: str, levels: list[int]) -> None:
+    """GPU memory per run, per regime (the first level's records: one run alone on the GPU)."""
+    memory = memory_per_regime(out / f"results-c{levels[0]}", name)
+    print(f"\nGPU memory per run (CUDA peak allocated, records of level {levels[0]}):")
+    if not memory:
+        print("  - (no record carries provenance.memory.cuda_peak_bytes: CPU runs, or compute accounting off)")
+    for regime, (count, mean, peak) in memory.items():
+        print(f"  {regime:>8}: {mean:8.0f} MiB mean, {peak:8.0f} MiB max over {count} run(s)")
 
 
 if __name__ == "__main__":

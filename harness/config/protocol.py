@@ -7,7 +7,7 @@ from pathlib import Path
 from .errors import ProtocolError, UserError
 from .paths import RESERVED_NAMES, is_reserved_name, protocol_dirs
 from .pretrain import PretrainError, PretrainKind, parse_pretrain
-from .specs import ContinualSpec, DatasetSpec, MethodSpec, Protocol, TrainingSpec
+from .specs import PRECISIONS, ContinualSpec, DatasetSpec, MethodSpec, Protocol, TrainingSpec
 from .validate import MAX_SEED, Validator, quoted_number, show
 from .vocabulary import (
     DATASETS,
@@ -367,7 +367,8 @@ class _ProtocolValidator(Validator):
             momentum=self.number(value.get("momentum", d.momentum), "training.momentum", 0.0, below=1.0),
             weight_decay=self.number(value.get("weight_decay", d.weight_decay), "training.weight_decay", 0.0),
             epochs=self.integer(value.get("epochs", d.epochs), "training.epochs", 1),
-            batch_size=self.integer(value.get("batch_size", d.batch_size), "training.batch_size", 1))
+            batch_size=self.integer(value.get("batch_size", d.batch_size), "training.batch_size", 1),
+            precision=self.choice(value.get("precision", d.precision), "training.precision", PRECISIONS))
 
     def evaluation(self, value):
         self.mapping(value, "evaluation", EVALUATION_KEYS)

@@ -124,6 +124,8 @@ def canonical_spec(spec: dict) -> dict:
     canonical = RunSpec.from_dict(spec).to_dict()
     for key, kind in (("dataset", DatasetSpec), ("training", TrainingSpec)):
         for f in fields(kind):
+            if f.name not in canonical[key]:  # a default left out of the JSON form (training.precision)
+                continue
             value = canonical[key][f.name]
             if f.type in ("float", float) and isinstance(value, int) and not isinstance(value, bool):
                 canonical[key][f.name] = float(value)

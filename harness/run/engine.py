@@ -37,6 +37,7 @@ from .isolation import capture, restore
 from .models import build_model, shared_effective_weights, trainable_block_names
 from .norms import snapshot, update_norms
 from .plugins import DivergedError, HarnessPlugin
+from .precision import provenance as precision_provenance, set_precision
 from .probe import probe_accuracy
 from .provenance import method_provenance, provenance
 from .regimes import (
@@ -102,6 +103,7 @@ class _Progress:
     plugins: dict = field(default_factory=dict)  # provenance: the plug-ins' files (none for built-ins)
     state: object = None  # the process state before the run (isolation.Snapshot), put back after it
     compute: object = None  # compute.ComputeMeter (None: accounting off), its result in budget["compute"]
+    precision: dict = field(default_factory=dict)  # provenance: the autocast that ran (none at fp32)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -300,6 +302,8 @@ def _run_model(spec: RunSpec, input_shape, data_dir, download, device, progress)
     if spec.pretrain.is_backbone:
         _load_pretrained(model, spec, input_shape, data_dir, download, device, progress)
     model = inject_adapters(model, spec.regime).to(device)
+    set_precision(model, spec.training.precision)  # after pretraining: a pretrained backbone is the fp32 one
+    progress.precision = precision_provenance(model, device)
     # which BatchNorm layers one row gives one value per channel: a last batch of one is skipped only there
     note_row_extents(model, lambda: model.features(torch.zeros((1, *input_shape), device=device)))
     return model
@@ -533,6 +537,7 @@ def _record(spec: RunSpec, progress: _Progress, status, error, total_s, device,
         prov["pretrained"] = dict(progress.pretrained)
     if progress.plugins:
         prov["plugins"] = dict(progress.plugins)
+    prov.update(progress.precision)
     if progress.compute is not None:  # peak memory differs between runs of one spec: provenance, like the host
         prov["memory"] = progress.compute.memory()
     if status != Status.OK:

@@ -14,10 +14,11 @@ def _batch_logits(model, x: torch.Tensor, y: torch.Tensor, task: int, batch_size
         yield model(xb, task), yb
 
 
-def masked_correct(logits: torch.Tensor, y: torch.Tensor, columns: tuple[int, int]) -> int:
-    """Correct predictions when the argmax runs over logit columns [lo, hi) only (labels stay global)."""
+def masked_correct(logits: torch.Tensor, y: torch.Tensor, columns: tuple[int, int]) -> torch.Tensor:
+    """Correct predictions (a 0-d tensor on the logits' device: no sync per batch) when the argmax runs over
+    logit columns [lo, hi) only (labels stay global)."""
     lo, hi = columns
-    return int((logits[:, lo:hi].argmax(dim=1) + lo == y).sum())
+    return (logits[:, lo:hi].argmax(dim=1) + lo == y).sum()
 
 
 def task_columns(task_index: int, classes_per_task: int) -> tuple[int, int]:
@@ -33,8 +34,8 @@ def task_accuracy(model, x: torch.Tensor, y: torch.Tensor, task: int, batch_size
         return float("nan")
     correct = 0
     for logits, yb in _batch_logits(model, x, y, task, batch_size, device):
-        correct += int((logits.argmax(dim=1) == yb).sum())
-    return correct / len(y)
+        correct += (logits.argmax(dim=1) == yb).sum()  # summed on the device: one sync per task, not per batch
+    return int(correct) / len(y)
 
 
 @torch.no_grad()
@@ -48,7 +49,7 @@ def class_il_accuracies(model, x: torch.Tensor, y: torch.Tensor, task: int, colu
     for logits, yb in _batch_logits(model, x, y, task, batch_size, device):
         correct += masked_correct(logits, yb, (0, seen if seen is not None else logits.shape[1]))
         masked += masked_correct(logits, yb, columns)
-    return correct / len(y), masked / len(y)
+    return int(correct) / len(y), int(masked) / len(y)
 
 
 def evaluate_tasks(model, tasks, batch_size: int, device: torch.device) -> list:

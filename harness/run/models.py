@@ -9,6 +9,7 @@ from torch import nn
 
 from ..api.plugins import Backbone, PluginError, lookup, register_builtins
 from ..config.vocabulary import MODELS
+from .precision import as_float, autocast
 
 
 class CLNet(MultiTaskModule):
@@ -43,23 +44,29 @@ class CLNet(MultiTaskModule):
         return x.float() / 255.0  # a division, not * (1/255): bitwise what a float copy of the data set holds
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Output of the last block."""
+        """Output of the last block (under the run's precision: harness/run/precision.py; float32 out)."""
         x = self.pixels(x)
-        for block in self.blocks.values():
-            x = block(x)
-        return x
+        with autocast(self, x):
+            for block in self.blocks.values():
+                x = block(x)
+        return as_float(x)
 
     def forward_single_task(self, x: torch.Tensor, task_label: int) -> torch.Tensor:
-        return self.heads[self._head_index(task_label)](self.features(x))
+        with autocast(self, x):
+            out = self.heads[self._head_index(task_label)](self.features(x))
+        return as_float(out)
 
     def forward(self, x: torch.Tensor, task_labels=None):
         """Task-aware forward: one head per sample's task; `None` gives every known head."""
-        if task_labels is None:
-            return self.forward_all_tasks(x)
-        feats = self.features(x)
-        if isinstance(task_labels, int):
-            return self.heads[self._head_index(task_labels)](feats)
-        return self.heads_forward(feats, task_labels)
+        with autocast(self, x):
+            if task_labels is None:
+                return as_float(self.forward_all_tasks(x))
+            feats = self.features(x)
+            if isinstance(task_labels, int):
+                out = self.heads[self._head_index(task_labels)](feats)
+            else:
+                out = self.heads_forward(feats, task_labels)
+        return as_float(out)
 
     def heads_forward(self, feats: torch.Tensor, task_labels: torch.Tensor) -> torch.Tensor:
         """Apply each sample's head to precomputed features."""

@@ -28,6 +28,7 @@ from ..api.contract import declared_prefix_cache
 from .evaluation import evaluate_tasks
 from .fastdata import TensorBatches
 from .models import CLNet
+from .precision import as_float, autocast
 
 # A cache larger than this (bytes) is not built: memory matters more than the speed-up.
 MAX_CACHE_BYTES = 1 << 30
@@ -68,8 +69,9 @@ def prefix_features(model, prefix: list[str], x: torch.Tensor, batch_size: int =
     chunks, limit = [], None
     for start in range(0, len(x), batch_size):
         h = model.pixels(x[start:start + batch_size])  # the prefix starts at the first block: CLNet.features' input
-        for block in blocks:
-            h = block(h)
+        with autocast(model, h):  # as CLNet.forward runs these blocks (the cached path computes the same)
+            for block in blocks:
+                h = block(h)
         if limit is None:
             limit = h[:1].nelement() * h.element_size() * len(x)
             if limit > MAX_CACHE_BYTES:
@@ -118,10 +120,10 @@ class PrefixCache:
     def forward_suffix(self):
         """The model's output for cached features: trainable suffix blocks, then the head."""
         model, h = self.strategy.model, self.strategy.mb_x
-        with _counted(self.meter):
+        with _counted(self.meter), autocast(model, h):
             for name in self.suffix:
                 h = model.blocks[name](h)
-            out = _head(model, self.strategy.dataloader.task)(h)
+            out = as_float(_head(model, self.strategy.dataloader.task)(h))
         if self.meter is not None:
             self.meter.suffix_pass(out, len(model.block_names) - len(self.suffix))
         return out
@@ -217,8 +219,10 @@ class EvalCache:
         correct = 0
         for i, h in enumerate(chunks):
             yb = task.y_test[i * batch_size:(i + 1) * batch_size].to(device)
-            correct += int((head(_run_blocks(model, suffix, h)).argmax(dim=1) == yb).sum())
-        return correct / len(task.y_test)
+            with autocast(model, h):
+                logits = as_float(head(_run_blocks(model, suffix, h)))
+            correct += (logits.argmax(dim=1) == yb).sum()  # summed on the device: one sync per task
+        return int(correct) / len(task.y_test)
 
 
 def _changing_hooks(model) -> bool:
@@ -228,8 +232,9 @@ def _changing_hooks(model) -> bool:
 
 
 def _run_blocks(model, names, h):
-    for name in names:
-        h = model.blocks[name](h)
+    with autocast(model, h):
+        for name in names:
+            h = model.blocks[name](h)
     return h
 
 

@@ -27,9 +27,9 @@ ENABLED = True
 
 @torch.no_grad()
 def _features(model, x: torch.Tensor, device, batch_size: int) -> np.ndarray:
-    parts = [model.features(x[i:i + batch_size].to(device)).double().cpu()
-             for i in range(0, len(x), batch_size)]
-    return torch.cat(parts).flatten(1).numpy()
+    # joined on the device, one copy to the host (float32 -> float64 is exact wherever it is done)
+    parts = [model.features(x[i:i + batch_size].to(device)) for i in range(0, len(x), batch_size)]
+    return torch.cat(parts).double().cpu().flatten(1).numpy()
 
 
 def probe_features(model, task, device, batch_size: int = 1024):

@@ -1,0 +1,181 @@
+"""A finished sweep beside the published figures of its settings (docs/published.md).
+
+python benchmarks/published.py --results DIR [--protocol vit-sweep] [--version V]
+python benchmarks/published.py            (no sweep: lists the published figures; what `make bench` runs)
+
+Reads the sweep's records through the library (harness.service.records.paper_records: every record
+verified on read, one protocol version), and per (data set, method, regime) computes from each record's
+class-IL accuracy matrix R (R[t][j]: accuracy on task j's test set after training task t):
+
+  A_last = accuracy over the test samples of all classes after the last task
+         = sum_j n_j R[T-1][j] / sum_j n_j
+  A-bar  = mean over t of the accuracy over the test samples of the classes seen after task t
+         = (1/T) sum_t (sum_{j<=t} n_j R[t][j] / sum_{j<=t} n_j)
+
+with n_j the test samples of task j (the record's checks.n_test; equal weights where a record has none).
+Sample-weighted, as the published code computes its accuracy (one pass over all seen classes' test
+images): on CIFAR-100 (100 test images a class) it equals the record's ACC and AIA; on ImageNet-R,
+whose classes differ in size, it does not. Mean and standard deviation (n-1) over task orders and seeds.
+
+A cl-bench cell is set beside a published row only where CELLS says they are the same method: `ncm`
+under `head` is the frozen-backbone nearest-class-mean baseline (SimpleCIL, RanPAC's "NCM only");
+`naive` under `full` is sequential fine-tuning. Every other cell is printed without a figure. The
+published figures were run with other hyperparameters, augmentation and (mostly) one class order:
+a difference is a pointer, not a verdict.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+@dataclass(frozen=True)
+class Published:
+    """One published figure: where it is from and what it measures (percent)."""
+
+    setting: str  # a SETTINGS value
+    method: str
+    metric: str  # "A_last" or "A_bar"
+    value: float
+    weights: str
+    source: str
+
+
+RANPAC = "github.com/RanPAC/RanPAC paper_tables/Table_data_main_{}.csv (McDonnell et al., NeurIPS 2023, Table 1/2)"
+PUBLISHED = (
+    Published("CIFAR-100 B0Inc10", "NCM (frozen backbone)", "A_last", 83.4,
+              "ViT-B/16 ImageNet-21k (timm, RanPAC convnet_type pretrained_vit_b16_224_in21k)",
+              RANPAC.format("cifar224") + ', row "NCM only"'),
+    Published("ImageNet-R B0Inc20", "NCM (frozen backbone)", "A_last", 61.2,
+              "ViT-B/16 ImageNet-21k, fine-tuned on ImageNet-1k (timm, RanPAC convnet_type pretrained_vit_b16_224)",
+              RANPAC.format("imagenetr") + ', row "NCM only"'),
+    Published("CIFAR-100 B0Inc10", "RanPAC", "A_last", 92.2,
+              "ViT-B/16 ImageNet-21k (+ AdaptFormer adapters trained on task 1)",
+              RANPAC.format("cifar224") + ', row "Algorithm 1"'),
+    Published("ImageNet-R B0Inc20", "RanPAC", "A_last", 77.9,
+              "ViT-B/16 ImageNet-21k, fine-tuned on ImageNet-1k (+ SSF trained on task 1)",
+              RANPAC.format("imagenetr") + ', row "Algorithm 1"'),
+    Published("CIFAR-100 B0Inc10", "NMC (Janson et al.)", "A_last", 83.70,
+              "the pre-trained transformer of the methods it is compared with (the abstract names no weights)",
+              "arXiv:2210.04428 abstract (Janson et al., 'A Simple Baseline that Questions the Use of "
+              "Pretrained-Models in Continual Learning')"),
+)
+
+# cl-bench (method, regime) -> the published method it is
+CELLS = {("ncm", "head"): ("NCM (frozen backbone)", "NMC (Janson et al.)"),
+         ("naive", "full"): ("sequential fine-tuning",)}
+# (data set name, n_tasks, classes per task) -> the published setting
+SETTINGS = {("cifar100", 10, 10): "CIFAR-100 B0Inc10", ("cifar100-pixels", 10, 10): "CIFAR-100 B0Inc10",
+            ("imagenet-r", 10, 20): "ImageNet-R B0Inc20"}
+
+
+def a_last(R, n=None) -> float:
+    """Accuracy over all test samples after the last task (sample-weighted mean of R's last row)."""
+    T = len(R)
+    w = list(n) if n else [1] * T
+    return sum(w[j] * R[T - 1][j] for j in range(T)) / sum(w)
+
+
+def a_bar(R, n=None) -> float:
+    """Mean over tasks t of the accuracy over the test samples of the tasks seen after t."""
+    T = len(R)
+    w = list(n) if n else [1] * T
+    return statistics.fmean(sum(w[j] * R[t][j] for j in range(t + 1)) / sum(w[:t + 1]) for t in range(T))
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (data set, method, regime) of a sweep: A_last and A-bar (percent) over its runs."""
+
+    setting: str
+    method: str
+    regime: str
+    runs: int
+    a_last: float
+    a_last_std: float
+    a_bar: float
+    a_bar_std: float
+
+
+def _std(values: list) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def cells(records) -> list[Cell]:
+    """Per (data set, method, regime): mean and std of A_last and A-bar (percent) over the ok records."""
+    groups: dict = {}
+    for r in records:
+        if r.status != "ok" or not r.acc_matrix:
+            continue
+        d = r.spec.dataset
+        setting = SETTINGS.get((d.name, d.n_tasks, d.classes_per_task), f"{d.name} {d.n_tasks}x{d.classes_per_task}")
+        n = (r.checks or {}).get("n_test") or None
+        groups.setdefault((setting, r.spec.display, r.spec.regime), []).append(
+            (100 * a_last(r.acc_matrix, n), 100 * a_bar(r.acc_matrix, n)))
+    out = []
+    for (setting, method, regime), values in sorted(groups.items()):
+        last, bar = [v[0] for v in values], [v[1] for v in values]
+        out.append(Cell(setting, method, regime, len(values), statistics.fmean(last), _std(last),
+                        statistics.fmean(bar), _std(bar)))
+    return out
+
+
+def published_for(cell: Cell) -> list[Published]:
+    """The published figures of the method a cell is (CELLS) in its setting."""
+    names = CELLS.get((cell.method, cell.regime), ())
+    return [p for p in PUBLISHED if p.method in names and p.setting == cell.setting]
+
+
+def comparison_lines(found: list[Cell]) -> list[str]:
+    """The printed table: every cell, its published figure (if any) and the difference (cl-bench - published)."""
+    lines = [f"{'setting':<20} {'method':<12} {'regime':<10} {'runs':>4} {'A_last':>13} {'A-bar':>13}  published"]
+    for c in found:
+        head = (f"{c.setting:<20} {c.method:<12} {c.regime:<10} {c.runs:>4} "
+                f"{c.a_last:6.2f} ±{c.a_last_std:5.2f} {c.a_bar:6.2f} ±{c.a_bar_std:5.2f}")
+        rows = published_for(c)
+        if not rows:
+            lines.append(f"{head}  -")
+        for p in rows:
+            mine = c.a_last if p.metric == "A_last" else c.a_bar
+            lines.append(f"{head}  {p.method} {p.metric} {p.value:.2f} (diff {mine - p.value:+.2f}; {p.source})")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", help="the sweep's results folder (none: list the published figures)")
+    ap.add_argument("--protocol", help="the protocol (needed where the folder holds several)")
+    ap.add_argument("--version", help="the protocol version (default: the newest)")
+    args = ap.parse_args(argv)
+    if args.results is None:
+        for p in PUBLISHED:
+            print(f"{p.setting:<20} {p.method:<24} {p.metric:<6} {p.value:6.2f}  {p.weights}; {p.source}")
+        return 0
+    from harness.config.errors import UserError
+    from harness.service.records import paper_records
+
+    try:
+        records = paper_records(args.results, args.protocol, args.version, log=lambda line: None)
+    except UserError as exc:
+        print(f"benchmarks/published.py: {exc}", file=sys.stderr)
+        return 2
+    from harness.config.text import terminal_safe
+
+    found = cells(records)
+    for line in comparison_lines(found):
+        print(terminal_safe(line))  # labels come from record files
+    unmatched = sorted({c.setting for c in found if c.setting not in SETTINGS.values()})
+    if unmatched:
+        print(f"no published figures for: {', '.join(unmatched)} (docs/published.md lists the settings)")
+    return 0 if all(math.isfinite(c.a_last) for c in found) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
