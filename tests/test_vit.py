@@ -321,3 +321,20 @@ def test_frozen_transformer_blocks_are_cached_and_attention_flops_counted():
     block = 2 * tokens * width * 3 * width + 2 * 2 * tokens * tokens * width + 2 * tokens * width * width \
         + 2 * 2 * tokens * width * hidden
     assert flops_per_sample(net, (1, 8, 8))["blocks"] == [2 * patches * 4 * width, block, block, block, 0, 0]
+
+
+def test_a_protocol_without_its_timm_weights_plans_and_a_run_stops_with_one_line(cli, monkeypatch, tmp_path,
+                                                                                no_network):
+    monkeypatch.setenv("CL_BENCH_CACHE", str(tmp_path / "cache"))
+    protocol = tmp_path / "p.yaml"
+    protocol.write_text("name: vit-p\nversion: '1'\nscenario: class-il\n"
+                        "pretrain: {timm: vit_base_patch16_224.augreg_in21k}\n"
+                        "datasets: [{name: digits, n_tasks: 5, classes_per_task: 2, model: vit-b16}]\n"
+                        "regimes: [head]\nmethods: [naive]\n")
+    results = tmp_path / "results"
+    code, out, err = cli("run", "--protocol", protocol, "--results", results, "--no-mlflow", "--dry-run")
+    assert code == 0 and "weights missing: pretrain.timm vit_base_patch16_224.augreg_in21k" in out
+    assert "--download" in out
+    code, out, err = cli("run", "--protocol", protocol, "--results", results, "--no-mlflow")
+    assert code == 2 and err.count("\n") == 1 and "--download" in err and "Traceback" not in err
+    assert no_network == []
