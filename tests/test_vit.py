@@ -2,6 +2,7 @@
 the prompt API, timm weights through timm's own loading (never the network), the uint8 input stage."""
 import copy
 import hashlib
+from pathlib import Path
 
 import pytest
 import timm
@@ -196,7 +197,7 @@ def test_add_prompt_changes_nothing_else_and_is_vpt_initialised():
     after = dict([*block.named_parameters(), *block.named_buffers()])
     assert set(after) - set(before) == {"prompt"} and all(torch.equal(after[n], t) for n, t in before.items())
     bound = (6 / (3 * 2 * 2 + 32)) ** 0.5  # VPT: patch area 2x2, width 32
-    assert block.prompt.shape == (5, 32) and float(block.prompt.abs().max()) <= bound
+    assert block.prompt.shape == (5, 32) and float(block.prompt.detach().abs().max()) <= bound
     assert block.embed_dim == 32 and block.prefix_tokens == 1
 
 
@@ -263,3 +264,77 @@ def test_a_vit_run_with_timm_weights_through_the_engine(tiny_tag, no_network):
     record = run_one(spec, device="cpu")
     assert record.status == "ok", record.error
     assert record.provenance["pretrained"]["sha256"] == value.sha256 and no_network == []
+
+
+def test_download_goes_through_timm_into_the_weights_folder(tiny_tag, monkeypatch, tmp_path):
+    from harness.run import pretrain as run_pretrain
+
+    made = _timm_tiny(num_classes=10, seed=5)
+    asked = []
+
+    def fake_create_model(tag, pretrained=False, cache_dir=None, **kwargs):  # timm's hub cache layout
+        asked.append((tag, pretrained))
+        _save(made, Path(cache_dir) / "models--timm--x" / "snapshots" / "abc" / "model.safetensors")
+        return made
+
+    monkeypatch.setattr(timm, "create_model", fake_create_model)
+    missing = cfg_pretrain.parse_pretrain({"timm": TAG}, "p.yaml", tmp_path)
+    found = run_pretrain.with_timm_weights(missing, download=True)
+    assert asked == [(TAG, True)] and tiny_tag.is_file()
+    assert found.sha256 == hashlib.sha256(tiny_tag.read_bytes()).hexdigest()
+    assert [p.name for p in tiny_tag.parent.parent.iterdir()] == [TAG]  # no temporary folder left
+
+
+def test_checkpoint_and_dataset_pretraining_work_for_a_vit(tmp_path, monkeypatch):
+    from harness.run.pretrain import pretrained_backbone
+
+    monkeypatch.setenv("CL_BENCH_CACHE", str(tmp_path / "cache"))
+    torch.manual_seed(2)
+    saved = build_model("vit-tiny", (1, 8, 8), 1, 10)
+    torch.save(saved.state_dict(), tmp_path / "vit.pt")
+    value = cfg_pretrain.parse_pretrain({"checkpoint": "vit.pt"}, "p.yaml", tmp_path)
+    state, _ = pretrained_backbone(make_spec(dataset=DatasetSpec("digits", 5, 2, "vit-tiny"), pretrain=value),
+                                   (1, 8, 8))
+    assert all(torch.equal(state[k], v) for k, v in saved.state_dict().items() if k.startswith("blocks."))
+    recipe = {"dataset": "same", "holdout": 0.1, "epochs": 1, "lr": 0.05, "batch_size": 64, "seed": 0}
+    value = cfg_pretrain.parse_pretrain(recipe, "p.yaml", tmp_path).for_dataset("digits")
+    state, weights = pretrained_backbone(make_spec(dataset=DatasetSpec("digits", 5, 2, "vit-tiny"), pretrain=value),
+                                         (1, 8, 8))
+    assert weights.source == "dataset" and set(state) == {k for k in saved.state_dict() if
+                                                                   k.startswith("blocks.")}
+    assert not torch.equal(state["blocks.block1.attn.qkv.weight"], saved.state_dict()["blocks.block1.attn.qkv.weight"])
+
+
+def test_frozen_transformer_blocks_are_cached_and_attention_flops_counted():
+    from harness.run.compute import flops_per_sample
+    from harness.run.prefix_cache import frozen_prefix, prefix_features
+
+    net = build_model("vit-tiny", (1, 8, 8), 1, 4)
+    apply_regime(net, "last-2")
+    assert frozen_prefix(net) == ["embed", "block1", "block2"]
+    apply_regime(net, "head")
+    assert frozen_prefix(net) == net.block_names
+    x = torch.randn(5, 1, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(prefix_features(net, frozen_prefix(net), x), net.eval().features(x))
+    tokens, width, hidden, patches = 17, 32, 64, 16  # by hand: per block qkv, q@k, attn@v, proj, fc1, fc2
+    block = 2 * tokens * width * 3 * width + 2 * 2 * tokens * tokens * width + 2 * tokens * width * width \
+        + 2 * 2 * tokens * width * hidden
+    assert flops_per_sample(net, (1, 8, 8))["blocks"] == [2 * patches * 4 * width, block, block, block, 0, 0]
+
+
+def test_a_protocol_without_its_timm_weights_plans_and_a_run_stops_with_one_line(cli, monkeypatch, tmp_path,
+                                                                                no_network):
+    monkeypatch.setenv("CL_BENCH_CACHE", str(tmp_path / "cache"))
+    protocol = tmp_path / "p.yaml"
+    protocol.write_text("name: vit-p\nversion: '1'\nscenario: class-il\n"
+                        "pretrain: {timm: vit_base_patch16_224.augreg_in21k}\n"
+                        "datasets: [{name: digits, n_tasks: 5, classes_per_task: 2, model: vit-b16}]\n"
+                        "regimes: [head]\nmethods: [naive]\n")
+    results = tmp_path / "results"
+    code, out, err = cli("run", "--protocol", protocol, "--results", results, "--no-mlflow", "--dry-run")
+    assert code == 0 and "weights missing: pretrain.timm vit_base_patch16_224.augreg_in21k" in out
+    assert "--download" in out
+    code, out, err = cli("run", "--protocol", protocol, "--results", results, "--no-mlflow")
+    assert code == 2 and err.count("\n") == 1 and "--download" in err and "Traceback" not in err
+    assert no_network == []
