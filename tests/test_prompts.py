@@ -417,3 +417,10 @@ def test_the_frozen_prefix_cache_gives_the_uncached_record_and_runs_repeat(model
     again, _ = run(spec, cache=True)
     assert tasks == [0, 1, 2, 3, 4] and none == []
     assert same_numbers(cached, plain) and same_numbers(cached, again) and cached.run_id == again.run_id
+
+
+def test_list_regimes_names_the_prompt_families_and_the_backbones_that_take_prompts(cli):
+    code, out, _ = cli("list", "regimes")
+    assert code == 0 and "  prompt-lL  " in out and "  prompt-deep-lL  " in out
+    assert "vit-tiny (6 blocks, 4 take prompts)" in out and "mlp (4 blocks)," in out
+    assert f"prompt: {v.FAMILY_DESCRIPTIONS['prompt']}; prompt-deep: {v.FAMILY_DESCRIPTIONS['prompt-deep']}" in out
