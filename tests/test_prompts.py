@@ -347,6 +347,9 @@ def _prompt_run(method, regime="prompt-deep-l2", model="toy-vit", **hparams):
             net = strategy.model
             seen[(event, t)] = ({n: p.detach().clone() for n, p in prompt_parameters(net).items()},
                                 {n: p.detach().clone() for n, p in net.blocks.named_parameters(prefix="blocks")})
+            held = {id(p) for g in strategy.optimizer.param_groups for p in g["params"]}
+            expect = {id(p) for p in [*prompt_parameters(net).values(), *net.heads.parameters()]}
+            seen[("optimizer", event, t)] = held == expect
 
     record = run_one(spec, device="cpu", observer=observe)
     assert record.status == "ok", record.error
@@ -368,6 +371,7 @@ def test_update_norms_are_the_prompts_and_the_backbone_stays_bitwise(model):
     for b in TOKEN_BLOCKS_OF[model]:
         key = f"blocks.{b}.prompt"
         assert per_block[b][1:] == pytest.approx([_norm([after[t][key] - after[t - 1][key]]) for t in range(1, 5)])
+    assert all(seen[("optimizer", "after_task", t)] for t in range(5))  # the engine's optimizer: prompts, heads
     first, last = seen[("before_task", 0)][1], seen[("after_task", 4)][1]
     assert all(torch.equal(first[n], last[n]) for n in first if not n.endswith(".prompt"))
     n_blocks = len(TOKEN_BLOCKS_OF[model])
@@ -417,3 +421,10 @@ def test_the_frozen_prefix_cache_gives_the_uncached_record_and_runs_repeat(model
     again, _ = run(spec, cache=True)
     assert tasks == [0, 1, 2, 3, 4] and none == []
     assert same_numbers(cached, plain) and same_numbers(cached, again) and cached.run_id == again.run_id
+
+
+def test_list_regimes_names_the_prompt_families_and_the_backbones_that_take_prompts(cli):
+    code, out, _ = cli("list", "regimes")
+    assert code == 0 and "  prompt-lL  " in out and "  prompt-deep-lL  " in out
+    assert "vit-tiny (6 blocks, 4 take prompts)" in out and "mlp (4 blocks)," in out
+    assert f"prompt: {v.FAMILY_DESCRIPTIONS['prompt']}; prompt-deep: {v.FAMILY_DESCRIPTIONS['prompt-deep']}" in out

@@ -47,7 +47,7 @@ def test_the_restatement_patterns_match_their_definitions():
 
 # A status, scenario or family written as a bare string where code decides by it.
 LITERAL = re.compile(r"""(==|!=|\bin \(|status=|scenario=|families=\()\s*["'](ok|failed|diverged|timeout|task-il|class-il|"""
-                     r"""depth|bitfit|norm|lora)["']""")
+                     r"""depth|bitfit|norm|lora|prompt|prompt-deep)["']""")
 
 
 def test_statuses_scenarios_and_families_are_enums_outside_the_vocabulary():

@@ -76,6 +76,11 @@ def _list_methods(req: ListRequest):
         yield f"{m['name']:<16} {m['description'][:60]:<60} [{hp}]  ({m['source']})"
 
 
+def _prompted(facts) -> str:
+    """`, N take prompts` for a backbone with transformer blocks (where the prompt families put tokens)."""
+    return f", {len(facts.token_blocks)} take prompts" if facts.token_blocks else ""
+
+
 def _list_regimes(req: ListRequest):
     from ..config.vocabulary import FAMILY_ARGUMENTS, FAMILY_DESCRIPTIONS, MODELS, REGIME_FAMILIES
 
@@ -94,7 +99,7 @@ def _list_regimes(req: ListRequest):
         yield (f"{form:<10} plug-in family ({_plugin_source('regime', family)}), also last-k:{form}: "
                f"{FAMILY_DESCRIPTIONS.get(family) or '(no description)'}")
     yield "families: " + "; ".join(f"{f}: {d}" for f, d in FAMILY_DESCRIPTIONS.items())
-    yield "models: " + ", ".join(f"{name} ({facts.n_blocks} blocks{_from_plugin('backbone', name)})"
+    yield "models: " + ", ".join(f"{name} ({facts.n_blocks} blocks{_prompted(facts)}{_from_plugin('backbone', name)})"
                                  for name, facts in MODELS.items())
 
 
