@@ -214,7 +214,7 @@ def test_cub_missing_listed_file_and_escaping_path_are_one_line(tmp_path):
 
 
 # -- CIFAR-100 pixels -------------------------------------------------------------------------------------
-def write_cifar100(root, n_train=48, n_test=16, classes=100):
+def write_cifar100(root, n_train=48, n_test=16, classes=8):
     folder = root / "cifar-100-python"
     folder.mkdir(parents=True)
     rng = np.random.default_rng(3)
@@ -371,7 +371,9 @@ def comparable(record) -> dict:
     out = json.loads(json.dumps(record.to_dict()))
     for key in ("run_id", "timings", "provenance"):
         out.pop(key, None)
-    out["budget"].pop("compute", None)  # measured FLOPs/peak memory: the same passes, memory differs by dtype
+    compute = out["budget"].get("compute") or {}
+    for key in [k for k in compute if "memory" in k or k.endswith("_s")]:  # measured peak memory, seconds
+        compute.pop(key)
     return out
 
 
@@ -386,11 +388,9 @@ def differences(a, b, at="") -> list[str]:
     ("naive", "last-1", {}),  # the frozen-prefix cache (training and evaluation) on uint8 input
     ("replay", "full", {"hparams": {"mem_size": 20}}),
     ("derpp", "full", {}),
-    ("icarl", "full", {}),
-    ("gdumb", "full", {}),
     ("naive", "full", {"pretrain": {"dataset": "same", "holdout": 0.25, "epochs": 1}}),
     ("naive", "full", {"continual": (2, 8)}),
-], ids=["prefix-cache", "replay", "derpp", "icarl", "gdumb", "pretrain-holdout", "continual"])
+], ids=["prefix-cache", "replay", "derpp", "pretrain-holdout", "continual"])
 def test_a_class_il_run_on_pixels_equals_the_run_on_float(method, regime, extra, tmp_path, monkeypatch):
     from conftest import make_spec
 
@@ -410,7 +410,7 @@ def test_a_class_il_run_on_pixels_equals_the_run_on_float(method, regime, extra,
         kw["continual"] = ContinualSpec(*kw["continual"])
     spec = make_spec(dataset=DatasetSpec("cifar100-pixels", 2, 2, "small-cnn"), scenario="class-il", method=method,
                      regime=regime, class_order=(2, 0, 3, 1), training=dataclasses.replace(
-                         make_spec().training, epochs=2, batch_size=16), **kw)
+                         make_spec().training, epochs=1, batch_size=16), **kw)
     records = []
     for data in (pixels, float_copy(pixels)):
         monkeypatch.setattr(engine, "load_dataset", lambda *_a, _d=data, **_k: _d)
@@ -427,3 +427,5 @@ def test_a_class_il_run_on_pixels_equals_the_run_on_float(method, regime, extra,
         assert samples[-1] > 0
     assert differences(records[0], records[1]) == []
     assert records[0]["acc_matrix"][1][0] is not None
+    if regime == "last-1":  # the frozen-prefix cache served the pixel run's training (its passes are counted)
+        assert records[0]["budget"]["compute"]["prefix_samples"] > 0

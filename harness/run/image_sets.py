@@ -12,7 +12,8 @@
 ImageNet-R and CUB images are decoded once with PIL, converted to RGB, resized by RESIZE_RULE (the published
 test transform: shorter side 256, centre crop 224) and cached as uint8 arrays in the cache folder, keyed
 by the source files (names, sizes, modification times, index files' content), so a second load reads one
-file. Models turn uint8 into float / 255 on the device (CLNet.pixels; a ViT's input stage normalises them).
+file. harness/run/datasets.py validates the arrays and holds them as uint8 tensors; models turn them into
+float / 255 on the device (CLNet.pixels; a ViT's input stage normalises them).
 
 Everything read is untrusted: an image is read as bytes without following links, its pixel count checked
 from its header before it is decoded (MAX_PIXELS); a path from an index file stays inside `images/`; an
@@ -38,8 +39,8 @@ from ..config.files import NotRegularFile, read_regular
 from ..config.paths import cache_dir
 from ..config.text import first_line
 from ..config.vocabulary import DATASETS
-from .datasets import ARRAYS, TensorData, cifar100_pixels, validate_arrays
 
+ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # harness/run/datasets.py's names, which validates them
 # Bump when decoding or resizing changes what a cached array holds (the cache files' names carry it).
 IMAGE_BUILD = "v1"
 RESIZE, CROP = 256, 224
@@ -77,27 +78,18 @@ SOURCES = {
 }
 
 
-def load_image_set(name: str, root: Path, download: bool = False) -> TensorData:
-    """The data set `name` of harness.config.vocabulary.PIXEL_DATASETS under `root`, as uint8 pixel tensors."""
-    if name == "cifar100-pixels":
-        arrays = cifar100_pixels(root, download)
-    else:
-        source = SOURCES[name]
-        folder = root / source.folder
-        if not folder.is_dir():
-            if not download:
-                raise DatasetMissing(f"dataset {name!r} not found: {folder} is missing (layout: {source.layout}); "
-                                     "pass --data-dir DIR pointing at the folder that holds it, or add --download "
-                                     "to fetch it")
-            fetch_archive(name, source, root)
-        arrays = _cached_images(name, folder)
-    return _tensors(name, arrays)
-
-
-def _tensors(name: str, arrays: dict) -> TensorData:
-    import torch
-
-    return TensorData(name, *(torch.from_numpy(np.ascontiguousarray(arrays[k])) for k in ARRAYS))
+def load_image_arrays(name: str, root: Path, download: bool = False) -> dict:
+    """The ARRAYS of `name` (imagenet-r or cub200) under `root` (fetched first with `download` when missing):
+    uint8 pixels (N, 3, CROP, CROP), int64 labels; harness/run/datasets.py validates and holds them."""
+    source = SOURCES[name]
+    folder = root / source.folder
+    if not folder.is_dir():
+        if not download:
+            raise DatasetMissing(f"dataset {name!r} not found: {folder} is missing (layout: {source.layout}); "
+                                 "pass --data-dir DIR pointing at the folder that holds it, or add --download "
+                                 "to fetch it")
+        fetch_archive(name, source, root)
+    return _cached_images(name, folder)
 
 
 # -- listing the files ------------------------------------------------------------------------------------
@@ -258,9 +250,10 @@ def _built(name: str, folder: Path, listing: Listing) -> tuple[dict, bytes]:
 def _parse(name: str, data: bytes) -> dict:
     with np.load(io.BytesIO(data), allow_pickle=False) as f:
         arrays = {k: f[k] for k in ARRAYS}
-    if arrays["x_train"].dtype != np.uint8 or arrays["x_train"].shape[1:] != (3, CROP, CROP):
-        raise ValueError(f"x_train is {arrays['x_train'].dtype} {arrays['x_train'].shape[1:]}, not uint8 pixels")
-    validate_arrays(name, arrays)
+    for split in ("train", "test"):  # a file of another build: rebuilt (the values are checked by the loader)
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if x.dtype != np.uint8 or x.shape[1:] != (3, CROP, CROP) or y.dtype != np.int64 or y.shape != x.shape[:1]:
+            raise ValueError(f"{name}: x_{split} is {x.dtype} {x.shape}, y_{split} {y.dtype} {y.shape}")
     return arrays
 
 
@@ -281,7 +274,6 @@ def decode_all(name: str, folder: Path, listing: Listing) -> dict:
     with ThreadPoolExecutor(workers) as pool:  # PIL releases the GIL while it decodes and resizes
         for _ in pool.map(one, range(len(train))):  # in order: the first damaged file is the one named
             pass
-    validate_arrays(name, arrays)
     return arrays
 
 
