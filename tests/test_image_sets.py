@@ -429,3 +429,19 @@ def test_a_class_il_run_on_pixels_equals_the_run_on_float(method, regime, extra,
     assert records[0]["acc_matrix"][1][0] is not None
     if regime == "last-1":  # the frozen-prefix cache served the pixel run's training (its passes are counted)
         assert records[0]["budget"]["compute"]["prefix_samples"] > 0
+
+
+def test_pretraining_on_float_features_for_a_pixel_stream_is_refused(tmp_path):
+    from conftest import make_spec
+
+    from harness.config.errors import PretrainError
+    from harness.config.pretrain import parse_pretrain
+    from harness.config.specs import DatasetSpec
+    from harness.run.pretrain import pretrained_backbone
+
+    write_cifar100(tmp_path)
+    spec = make_spec(dataset=DatasetSpec("cifar100-pixels", 2, 2, "small-cnn"), scenario="class-il",
+                     pretrain=parse_pretrain({"dataset": "cifar100", "epochs": 1}, "p.yaml", tmp_path))
+    with pytest.raises(PretrainError, match=r"'cifar100' holds float32 features, but the stream 'cifar100-pixels' "
+                                            r"holds uint8 pixels; allowed: a data set held the same way"):
+        pretrained_backbone(spec, (3, 32, 32), data_dir=str(tmp_path))
