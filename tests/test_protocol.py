@@ -170,7 +170,7 @@ def test_model_block_counts_match_the_models():
     from harness.run.models import build_model, trainable_block_names
 
     shapes = {"mlp": (1, 8, 8), "mlp-bn": (1, 8, 8), "cnn1d": (40,), "small-cnn": (1, 28, 28), "resnet18-reduced": (3, 32, 32),
-              "resnet18": (3, 32, 32)}
+              "resnet18": (3, 32, 32), "vit-tiny": (1, 8, 8), "vit-b16": (3, 32, 32), "vit-b16-clip": (3, 32, 32)}
     for name, facts in MODELS.items():
         assert trainable_block_names(build_model(name, shapes[name], 2, 2)) == list(facts.blocks)
 

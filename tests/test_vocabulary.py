@@ -94,7 +94,7 @@ def test_backbones_name_their_blocks_as_the_vocabulary_does():
     from harness.run.models import PLUGINS, build_model, trainable_block_names
 
     shapes = {"mlp": (1, 8, 8), "mlp-bn": (1, 8, 8), "cnn1d": (40,), "small-cnn": (1, 28, 28), "resnet18-reduced": (3, 32, 32),
-              "resnet18": (3, 32, 32)}
+              "resnet18": (3, 32, 32), "vit-tiny": (1, 8, 8), "vit-b16": (3, 32, 32), "vit-b16-clip": (3, 32, 32)}
     assert {b.name for b in PLUGINS} == set(v.MODELS) == set(shapes)
     for name, facts in v.MODELS.items():
         assert trainable_block_names(build_model(name, shapes[name], 2, 2)) == list(facts.blocks)

@@ -11,7 +11,12 @@ Five kinds (PretrainKind), as a protocol writes them:
   - `{dataset: NAME | same, ...}`: a DatasetRecipe with every default filled in (equal settings, equal
     run ids): `same` pretrains each data set on a held-out fraction `holdout` of its own training
     split (removed from its stream); NAME pretrains on another data set's whole training split;
-  - `{torchvision: IMAGENET1K_V1}`: torchvision's ImageNet weights (model resnet18).
+  - `{torchvision: IMAGENET1K_V1}`: torchvision's ImageNet weights (model resnet18);
+  - `{timm: TAG}` or `{timm: TAG, file: PATH}`: timm's published weights TAG (vit-b16, vit-b16-clip), read
+    from cl-bench's weights folder (`timm_weights_dir()`, filled by `--download` through timm's own loading)
+    or from PATH; the file's sha256 joins the value when it is there at load (so the weights are part of
+    every run id); while it is missing the value says so (`missing`): the protocol loads, plans and
+    dry-runs, and a run fetches the file first (--download) or stops with one line.
 
 `parse_pretrain` reads the protocol's value once, at load; `Pretrain.for_dataset` turns `same` into
 the data set's own name once, when run specs are expanded. Everything downstream asks the value
@@ -29,6 +34,7 @@ from pathlib import Path
 
 from .errors import PretrainError
 from .files import file_sha256
+from .paths import cache_dir
 from .validate import MAX_SEED, Validator, show
 from .vocabulary import DATASETS
 
@@ -41,19 +47,29 @@ class PretrainKind(StrEnum):
     CHECKPOINT = "checkpoint"
     DATASET = "dataset"
     TORCHVISION = "torchvision"
+    TIMM = "timm"
 
 
 MODES = (PretrainKind.FIRST_TASK, PretrainKind.NONE)  # written as a string
-SOURCES = (PretrainKind.CHECKPOINT, PretrainKind.DATASET, PretrainKind.TORCHVISION)  # a mapping's one key
+# a mapping's one key
+SOURCES = (PretrainKind.CHECKPOINT, PretrainKind.DATASET, PretrainKind.TORCHVISION, PretrainKind.TIMM)
 SAME = "same"
 # The weights torchvision ships per model; `DEFAULT` is left out: it names different weights
 # in different torchvision versions, so it cannot be part of a run's identity.
 TORCHVISION_WEIGHTS = {"resnet18": ("IMAGENET1K_V1",)}
 TORCHVISION_NAMES = tuple(sorted({w for names in TORCHVISION_WEIGHTS.values() for w in names}))
+# timm's published weights per model (timm model tag: architecture.pretrained-tag), fetched only with --download.
+TIMM_WEIGHTS = {"vit-b16": ("vit_base_patch16_224.augreg_in21k",),
+                "vit-b16-clip": ("vit_base_patch16_clip_224.openai",)}
+TIMM_NAMES = tuple(sorted({w for names in TIMM_WEIGHTS.values() for w in names}))
+# The file names timm's hub download leaves (safetensors first), as kept in the weights folder.
+TIMM_FILES = ("model.safetensors", "pytorch_model.bin")
 CHECKPOINT_KEYS = ("checkpoint",)
 TORCHVISION_KEYS = ("torchvision",)
-FORMS = ("first-task, none, {checkpoint: PATH}, {dataset: NAME or same, holdout, epochs, lr, batch_size, seed} "
-         f"or {{torchvision: {' or '.join(TORCHVISION_NAMES)}}}")
+TIMM_KEYS = ("timm", "file")
+FORMS = ("first-task, none, {checkpoint: PATH}, {dataset: NAME or same, holdout, epochs, lr, batch_size, seed}, "
+         f"{{torchvision: {' or '.join(TORCHVISION_NAMES)}}} or {{timm: {' or '.join(TIMM_NAMES)}, file: PATH "
+         "(optional)}")
 KEY_DIGITS = 32  # hex digits of a dataset-pretrained backbone's cache key
 
 
@@ -80,7 +96,8 @@ RECIPE_KEYS = tuple(asdict(DatasetRecipe(SAME)))
 _DEFAULTS = DatasetRecipe(SAME)
 # The fields each kind carries; every other field of a Pretrain is empty.
 _FIELDS = {PretrainKind.CHECKPOINT: ("checkpoint", "sha256"), PretrainKind.DATASET: ("recipe",),
-           PretrainKind.TORCHVISION: ("weights",)}
+           PretrainKind.TORCHVISION: ("weights",), PretrainKind.TIMM: ("weights",)}
+_OPTIONAL = {PretrainKind.TIMM: ("checkpoint", "sha256")}  # timm: the user's file (else the weights folder); its hash
 
 
 @dataclass(frozen=True)
@@ -88,17 +105,17 @@ class Pretrain:
     """A protocol's `pretrain:` value: its kind and that kind's fields (the others stay empty)."""
 
     kind: PretrainKind
-    checkpoint: str = ""  # checkpoint: the state dict's absolute path
-    sha256: str = ""  # checkpoint: the file's content hash when the protocol was loaded
+    checkpoint: str = ""  # checkpoint, timm with `file:`: the weights file's absolute path
+    sha256: str = ""  # checkpoint, timm: the file's content hash when the protocol was loaded ("": timm's missing)
     recipe: DatasetRecipe | None = None  # dataset: how the backbone is pretrained
-    weights: str = ""  # torchvision: the weights' name
+    weights: str = ""  # torchvision, timm: the weights' name
 
     def __post_init__(self):
         object.__setattr__(self, "kind", PretrainKind(self.kind))
-        wanted = _FIELDS.get(self.kind, ())
+        wanted, optional = _FIELDS.get(self.kind, ()), _OPTIONAL.get(self.kind, ())
         for name in ("checkpoint", "sha256", "recipe", "weights"):
             given = getattr(self, name)
-            if (name in wanted) != (given is not None and given != ""):
+            if name not in optional and (name in wanted) != (given is not None and given != ""):
                 raise ValueError(f"pretrain {self.kind}: {name} {'missing' if name in wanted else 'not allowed'}")
         if self.recipe is not None and self.recipe.dataset == SAME and self.recipe.holdout is None:
             raise ValueError("pretrain dataset: same without holdout")
@@ -112,6 +129,22 @@ class Pretrain:
     def first_task(self) -> bool:
         """Task 1 trains the full network and the regime applies from task 2 (θ0 = the model after task 1)."""
         return self.kind is PretrainKind.FIRST_TASK
+
+    @property
+    def missing(self) -> bool:
+        """timm weights whose file was not there when the protocol was loaded (no sha256 yet)."""
+        return self.kind is PretrainKind.TIMM and not self.sha256
+
+    @property
+    def weights_file(self) -> Path:
+        """timm: the file the weights are read from (the user's `file:`, else the weights folder's)."""
+        return Path(self.checkpoint) if self.checkpoint else timm_weights_file(self.weights)
+
+    def with_weights_hash(self) -> Pretrain:
+        """timm: this value with its file's current sha256 (after --download fetched it); others: itself."""
+        if self.kind is not PretrainKind.TIMM or not self.weights_file.is_file():
+            return self
+        return replace(self, sha256=file_sha256(self.weights_file))
 
     @property
     def holdout(self) -> float | None:
@@ -129,6 +162,8 @@ class Pretrain:
             return f"dataset {self.recipe.dataset}" + (f" ({extra})" if extra else "")
         if self.kind is PretrainKind.TORCHVISION:
             return f"torchvision {self.weights}"
+        if self.kind is PretrainKind.TIMM:
+            return f"timm {self.weights} " + (self.sha256[:12] if self.sha256 else "(missing)")
         return self.kind.value
 
     def as_json(self) -> str | dict:
@@ -140,6 +175,9 @@ class Pretrain:
             return self.recipe.as_dict()
         if self.kind is PretrainKind.TORCHVISION:
             return {"torchvision": self.weights}
+        if self.kind is PretrainKind.TIMM:  # the folder's path is not identity: the name and content are
+            given = {"file": self.checkpoint} if self.checkpoint else {}
+            return {"timm": self.weights, "sha256": self.sha256, **given}
         return self.kind.value
 
     @staticmethod
@@ -168,6 +206,12 @@ class Pretrain:
                 v.fail("pretrain.torchvision", f"{self.weights} weights are for model {' or '.join(models)}, but "
                                                f"dataset {dataset!r} uses model {model!r}; allowed: model: "
                                                f"{' or '.join(models)} for that data set, or another pretrain form")
+        if self.kind is PretrainKind.TIMM:
+            models = [m for m, names in TIMM_WEIGHTS.items() if self.weights in names]
+            if model not in models:
+                v.fail("pretrain.timm", f"{self.weights} weights are for model {' or '.join(models)}, but dataset "
+                                        f"{dataset!r} uses model {model!r}; allowed: model: {' or '.join(models)} "
+                                        "for that data set, or another pretrain form")
         if self.kind is PretrainKind.DATASET:
             self._check_recipe_fits(v, dataset)
 
@@ -196,6 +240,8 @@ class Pretrain:
         if self.kind is PretrainKind.TORCHVISION:
             model = next(m for m, names in TORCHVISION_WEIGHTS.items() if self.weights in names)
             return f"torchvision:{model}:{self.weights}"
+        if self.kind is PretrainKind.TIMM:
+            return f"timm:{self.weights}:{self.sha256}"
         if self.kind is PretrainKind.DATASET:
             canon = json.dumps({"recipe": self.recipe.as_dict(), **context}, sort_keys=True, separators=(",", ":"))
             return hashlib.sha256(canon.encode()).hexdigest()[:KEY_DIGITS]
@@ -214,6 +260,9 @@ def _from_json(value) -> Pretrain | None:
         return None
     if "checkpoint" in value:
         return Pretrain(PretrainKind.CHECKPOINT, checkpoint=value["checkpoint"], sha256=value.get("sha256", ""))
+    if "timm" in value:
+        return Pretrain(PretrainKind.TIMM, weights=value["timm"], sha256=value.get("sha256", ""),
+                        checkpoint=value.get("file", ""))
     return Pretrain(PretrainKind.TORCHVISION, weights=value["torchvision"])
 
 
@@ -235,30 +284,34 @@ def parse_pretrain(value, source: str, protocol_dir: Path) -> Pretrain:
         v.fail("pretrain", f"names {len(sources)} backbones ({', '.join(sources)}); "
                            f"allowed: exactly one of {', '.join(SOURCES)}")
     parse = {PretrainKind.CHECKPOINT: _checkpoint, PretrainKind.DATASET: _dataset,
-             PretrainKind.TORCHVISION: _torchvision}[sources[0]]
+             PretrainKind.TORCHVISION: _torchvision, PretrainKind.TIMM: _timm}[sources[0]]
     return parse(value, v, Path(protocol_dir))
 
 
 def _checkpoint(value: dict, v: Validator, protocol_dir: Path) -> Pretrain:
     v.mapping(value, "pretrain", CHECKPOINT_KEYS)
-    raw = value["checkpoint"]
+    path, digest = _user_file(value["checkpoint"], "pretrain.checkpoint", "a state-dict file (torch.save of "
+                              "model.state_dict())", v, protocol_dir)
+    return Pretrain(PretrainKind.CHECKPOINT, checkpoint=str(path), sha256=digest)
+
+
+def _user_file(raw, key: str, what: str, v: Validator, protocol_dir: Path) -> tuple[Path, str]:
+    """A user's weights file (relative to the protocol's folder) and its sha256; one line if it is not there."""
     if not isinstance(raw, str) or not raw.strip():
-        v.fail("pretrain.checkpoint", f"expected a path, got {show(raw)}; allowed: a path to a state-dict "
-                                      "file, relative to the protocol's folder")
+        v.fail(key, f"expected a path, got {show(raw)}; allowed: a path to {what}, relative to the protocol's folder")
     try:
         path = Path(raw).expanduser()
         path = (path if path.is_absolute() else protocol_dir / path).resolve()
         found = path.is_file()
     except (OSError, RuntimeError, ValueError) as exc:  # ~nobody, a NUL byte, a loop of links
-        v.fail("pretrain.checkpoint", f"{show(raw)} is not a usable path ({exc})")
+        v.fail(key, f"{show(raw)} is not a usable path ({exc})")
     if not found:
-        v.fail("pretrain.checkpoint", f"{show(raw)}: no such file ({path}); allowed: a path to a state-dict "
-                                      "file (torch.save of model.state_dict()), relative to the protocol's folder")
+        v.fail(key, f"{show(raw)}: no such file ({path}); allowed: a path to {what}, relative to the protocol's "
+                    "folder")
     try:
-        digest = file_sha256(path)
+        return path, file_sha256(path)
     except OSError as exc:
-        v.fail("pretrain.checkpoint", f"{show(raw)}: cannot read {path} ({exc.strerror or exc})")
-    return Pretrain(PretrainKind.CHECKPOINT, checkpoint=str(path), sha256=digest)
+        v.fail(key, f"{show(raw)}: cannot read {path} ({exc.strerror or exc})")
 
 
 def _dataset(value: dict, v: Validator, _protocol_dir: Path) -> Pretrain:
@@ -305,3 +358,32 @@ def _torchvision(value: dict, v: Validator, _protocol_dir: Path) -> Pretrain:
     if weights not in TORCHVISION_NAMES:
         v.fail("pretrain.torchvision", f"{show(weights)} is not allowed; allowed: {', '.join(TORCHVISION_NAMES)}")
     return Pretrain(PretrainKind.TORCHVISION, weights=weights)
+
+
+def timm_weights_dir() -> Path:
+    """cl-bench's folder of timm weights: one folder per tag, holding the file timm's download fetched."""
+    return cache_dir() / "weights" / "timm"
+
+
+def timm_weights_file(tag: str) -> Path:
+    """The weights file of timm `tag` in the weights folder (the first of TIMM_FILES there; else where
+    --download puts it)."""
+    folder = timm_weights_dir() / tag
+    return next((folder / n for n in TIMM_FILES if (folder / n).is_file()), folder / TIMM_FILES[0])
+
+
+def _timm(value: dict, v: Validator, protocol_dir: Path) -> Pretrain:
+    v.mapping(value, "pretrain", TIMM_KEYS, required=("timm",))
+    tag = value["timm"]
+    if tag not in TIMM_NAMES:
+        v.fail("pretrain.timm", f"{show(tag)} is not allowed; allowed: {', '.join(TIMM_NAMES)}")
+    if "file" in value:
+        path, digest = _user_file(value["file"], "pretrain.file", f"timm's weights file of {tag} (safetensors or "
+                                  "a torch state dict)", v, protocol_dir)
+        return Pretrain(PretrainKind.TIMM, weights=tag, checkpoint=str(path), sha256=digest)
+    path = timm_weights_file(tag)
+    try:
+        digest = file_sha256(path) if path.is_file() else ""
+    except OSError as exc:
+        v.fail("pretrain.timm", f"{tag}: cannot read {path} ({exc.strerror or exc})")
+    return Pretrain(PretrainKind.TIMM, weights=tag, sha256=digest)

@@ -223,6 +223,14 @@ class ModelFacts:
         return len(self.blocks)
 
 
+def _vit(depth: int, description: str, accepts: InputShapes, pre_norm: bool = False) -> ModelFacts:
+    """A ViT's facts (harness/run/vit.py): embed, block1..blockN, norm; biases in every block, LayerNorms in
+    every block but embed (whose norm_pre only CLIP has); prompts go into the transformer blocks."""
+    tokens = tuple(f"block{i}" for i in range(1, depth + 1))
+    blocks = ("embed", *tokens, "norm")
+    return ModelFacts(blocks, description, blocks if pre_norm else blocks[1:], blocks, accepts, tokens)
+
+
 _FC4 = ("fc1", "fc2", "fc3", "fc4")
 _CONV3_FC = ("conv1", "conv2", "conv3", "fc")
 _RESNET = ("stem", "layer1", "layer2", "layer3", "layer4")
@@ -239,6 +247,12 @@ MODELS = {
                                    InputShapes((3,))),
     "resnet18": ModelFacts(_RESNET, "torchvision's ResNet-18 (width 64; ImageNet weights with --download), "
                            "stem + 4 stages", _RESNET, _RESNET, InputShapes((3,))),
+    "vit-tiny": _vit(3, "a small timm ViT (3 blocks, width 32, 2 heads; 4x4 patches of any (C, H, W) sample), "
+                     "for the embedded data and the tests", InputShapes((3,), spatial=2, minimum=4)),
+    "vit-b16": _vit(12, "timm's ViT-B/16 (vit_base_patch16_224; ImageNet-21k weights with --download), inputs "
+                        "resized to 224x224", InputShapes((3,))),
+    "vit-b16-clip": _vit(12, "timm's CLIP ViT-B/16 image tower (vit_base_patch16_clip_224, QuickGELU; OpenAI "
+                             "weights with --download), inputs resized to 224x224", InputShapes((3,)), pre_norm=True),
 }
 
 

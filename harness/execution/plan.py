@@ -1,13 +1,14 @@
 """The grid of a protocol (`expand`) and what a results folder already holds of it (`make_plan`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from ..api.plugins import implementations
-from ..config.errors import ProtocolError, SweepError
+from ..config.errors import PretrainError, ProtocolError, SweepError
+from ..config.pretrain import PretrainKind
 from ..config.specs import DatasetSpec, Protocol, RunSpec
 from ..config.vocabulary import DATASETS, NPZ_PREFIX, sample_shape_problem
 from .store import runs_dir, scan_runs
@@ -99,6 +100,7 @@ class Plan:
     stray: tuple
     foreign: tuple = ()
     missing_data: tuple = ()  # data sets not present (dry run): their run ids are not known yet
+    missing_weights: str = ""  # timm weights not present (dry run): the line saying how to get them
 
     def counts(self) -> dict:
         """Number of distinct values per axis, and run totals."""
@@ -137,4 +139,19 @@ def plan_sweep(protocol: Protocol, results: str | Path, *, data_dir: str | None 
     which plans without the data sets that are not there)."""
     fingerprints = data_fingerprints(protocol, data_dir, download and not dry_run, allow_missing=dry_run)
     check_shapes(protocol, fingerprints, data_dir, download and not dry_run)
-    return make_plan(protocol, results, retry_failed=retry_failed, only=only, fingerprints=fingerprints)
+    protocol, missing = _with_weights(protocol, download and not dry_run, dry_run)
+    plan = make_plan(protocol, results, retry_failed=retry_failed, only=only, fingerprints=fingerprints)
+    return replace(plan, missing_weights=missing) if missing else plan
+
+
+def _with_weights(protocol: Protocol, download: bool, dry_run: bool) -> tuple[Protocol, str]:
+    """The protocol with its timm weights' sha256 (fetched first if asked); while they are missing, a dry run
+    plans with the value saying so (and the line how to get them), a run stops with that line."""
+    if protocol.pretrain.kind is not PretrainKind.TIMM:
+        return protocol, ""
+    from ..run.pretrain import missing_timm_line, with_timm_weights
+
+    pretrain = with_timm_weights(protocol.pretrain, download, log=print)
+    if pretrain.missing and not dry_run:
+        raise PretrainError(missing_timm_line(pretrain))
+    return replace(protocol, pretrain=pretrain), missing_timm_line(pretrain) if pretrain.missing else ""

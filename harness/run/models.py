@@ -188,6 +188,27 @@ def _torchvision_resnet18(input_shape) -> list[nn.Module]:
     return resnet18_blocks(input_shape)
 
 
+def _vit(name: str):
+    """The builder of timm ViT `name` (harness/run/vit.py: embed, block1..blockN, norm)."""
+    def build(input_shape) -> list[nn.Module]:
+        from .vit import vit_blocks
+
+        return vit_blocks(name, input_shape)
+
+    build.__name__ = build.__qualname__ = f"_vit_{name.replace('-', '_')}"
+    return build
+
+
+def _vit_width(name: str) -> int:
+    return 32 if name == "vit-tiny" else 768
+
+
+def _token_pool() -> nn.Module:
+    from .vit import Pool
+
+    return Pool()
+
+
 def _pool() -> nn.Module:
     return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
 
@@ -197,7 +218,7 @@ def _builtin(name: str, build, input_shape: tuple, feature_dim, tail=None) -> Ba
     takes) are the vocabulary's."""
     facts = MODELS[name]
     return Backbone(name, build, facts.blocks, input_shape, facts.description, facts.norm_blocks,
-                    facts.bias_blocks, feature_dim, tail or {}, accepts=facts.accepts)
+                    facts.bias_blocks, feature_dim, tail or {}, accepts=facts.accepts, token_blocks=facts.token_blocks)
 
 
 # The built-in backbones, declared as a plug-in file declares its own (harness/api/plugins.py).
@@ -208,6 +229,10 @@ PLUGINS = register_builtins(
     _builtin("cnn1d", _cnn1d, (40,), lambda kw: kw.get("feature_dim", 100)),
     _builtin("resnet18-reduced", _reduced_resnet18, (3, 32, 32), lambda kw: 8 * kw.get("nf", 20), {"pool": _pool}),
     _builtin("resnet18", _torchvision_resnet18, (3, 32, 32), 512, {"pool": _pool}),
+    _builtin("vit-tiny", _vit("vit-tiny"), (1, 8, 8), _vit_width("vit-tiny"), {"pool": _token_pool}),
+    _builtin("vit-b16", _vit("vit-b16"), (3, 224, 224), _vit_width("vit-b16"), {"pool": _token_pool}),
+    _builtin("vit-b16-clip", _vit("vit-b16-clip"), (3, 224, 224), _vit_width("vit-b16-clip"),
+             {"pool": _token_pool}),
 )
 # Blocks without parameters cannot be "trained", so regimes count only parametrised blocks.
 _PARAMETER_FREE = {"pool"}

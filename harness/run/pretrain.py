@@ -14,7 +14,11 @@ state and where its weights came from. Three sources (config.pretrain):
   read (config.cache): a replaced or damaged file is retrained, with one warning line;
 - `torchvision`: ImageNet weights for model resnet18, read from torch hub's cache, fetched only
   with --download; the file's sha256 must start with the prefix in its name, as torch hub checks
-  a download.
+  a download;
+- `timm`: timm's published ViT weights, read from cl-bench's weights folder (config.pretrain.timm_weights_dir)
+  or the user's `file:`, through timm's own loading code (run/vit.load_timm_file), never the network;
+  `fetch_timm_weights` (--download) fetches them through timm.create_model(TAG, pretrained=True) into that
+  folder. The file's sha256 must be the one the protocol was loaded (or the weights fetched) with.
 
 `same` pretrains on a held-out, class-stratified part of the stream's own training split;
 `stream_data` removes exactly those samples from the stream, so the two never share a sample.
@@ -27,6 +31,8 @@ import hashlib
 import io
 import math
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -38,7 +44,7 @@ from torch import nn
 from ..config.cache import cached
 from ..config.errors import PretrainError
 from ..config.paths import cache_dir
-from ..config.pretrain import DatasetRecipe, Pretrain, PretrainKind
+from ..config.pretrain import TIMM_FILES, DatasetRecipe, Pretrain, PretrainKind, timm_weights_dir
 from ..config.text import first_line
 from .datasets import TensorData, dataset_fingerprint, load_dataset
 from .models import build_model
@@ -80,6 +86,8 @@ def pretrained_backbone(spec, input_shape, *, data_dir=None, download=False, dev
         return _checkpoint(pretrain)
     if pretrain.kind is PretrainKind.DATASET:
         return _dataset(spec, tuple(input_shape), data_dir, download, _device(device), log)
+    if pretrain.kind is PretrainKind.TIMM:
+        return _timm(pretrain, spec.dataset.model, tuple(input_shape))
     return _torchvision(pretrain, tuple(input_shape), download, log)
 
 
@@ -239,6 +247,69 @@ def check_hub_hash(path: Path, digest: str, where: str) -> None:
         raise PretrainError(f"{where}: {path} is not the file its name says (sha256 {digest[:len(prefix)]}, "
                             f"the name's {prefix}); allowed: torchvision's own file (remove it and pass "
                             "--download to fetch it again)")
+
+
+# -- timm -----------------------------------------------------------------------------------------
+def missing_timm_line(pretrain: Pretrain) -> str:
+    """The one line saying timm weights are not there and how to get them."""
+    return (f"pretrain.timm {pretrain.weights}: weights file {pretrain.weights_file} not found; allowed: pass "
+            f"--download to fetch them through timm (timm.create_model({pretrain.weights!r}, pretrained=True)) "
+            f"into {timm_weights_dir()}, or give pretrain: {{timm: {pretrain.weights}, file: PATH}}")
+
+
+def with_timm_weights(pretrain: Pretrain, download: bool, log=None) -> Pretrain:
+    """`pretrain` with its timm weights' sha256 once they are there, fetched first when `download` (others:
+    itself); a value still missing them is returned as it is (a dry run plans without them)."""
+    if pretrain.kind is not PretrainKind.TIMM:
+        return pretrain
+    if not pretrain.weights_file.is_file() and download and not pretrain.checkpoint:
+        fetch_timm_weights(pretrain.weights, log)
+    return pretrain.with_weights_hash()
+
+
+def fetch_timm_weights(tag: str, log=None) -> Path:
+    """Fetch timm's weights `tag` through timm's own loading (timm.create_model(tag, pretrained=True), its
+    Hugging Face hub or URL source) into the weights folder; returns the file. One PretrainError line on failure."""
+    import timm
+
+    folder = timm_weights_dir() / tag
+    if log:
+        log(f"pretrain: downloading timm {tag} weights to {folder}")
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".download-") as tmp:
+            timm.create_model(tag, pretrained=True, cache_dir=tmp)
+            found = [p for name in TIMM_FILES for p in Path(tmp).rglob(name)]  # safetensors first
+            if not found:
+                raise OSError(f"timm left none of {', '.join(TIMM_FILES)} in its download folder")
+            folder.mkdir(exist_ok=True)
+            partial = folder / f".{found[0].name}.part"
+            shutil.copyfile(found[0].resolve(), partial)
+            os.replace(partial, folder / found[0].name)  # complete or absent: never a half-written file
+    except Exception as exc:  # network, hub, disk: the user can act on the one line
+        raise PretrainError(f"pretrain.timm {tag}: download failed ({first_line(exc)})") from None
+    return folder / found[0].name
+
+
+def _timm(pretrain: Pretrain, model: str, input_shape: tuple) -> tuple[dict, Weights]:
+    from .vit import load_timm_file
+
+    path, where = pretrain.weights_file, f"pretrain.timm {pretrain.weights}"
+    if not path.is_file():
+        raise PretrainError(missing_timm_line(pretrain))
+    digest = hashlib.sha256(_read_bytes(path, where)).hexdigest()
+    if pretrain.sha256 and digest != pretrain.sha256:
+        raise PretrainError(f"{where}: {path} changed since the protocol was loaded (sha256 {digest[:12]}, planned "
+                            f"{pretrain.sha256[:12]}); load the protocol and plan the sweep again")
+    if not pretrain.sha256:
+        raise PretrainError(f"{where}: the weights were missing when the protocol was loaded (run ids need their "
+                            "sha256); load the protocol and plan the sweep again")
+    try:
+        state = load_timm_file(model, input_shape, path, pretrain.weights)
+    except Exception as exc:  # safetensors, pickle, shape errors: one line whatever the cause
+        raise PretrainError(f"{where}: timm cannot load {path} ({first_line(exc)[:300]}); allowed: timm's weights "
+                            f"file of {pretrain.weights} (remove it and pass --download to fetch it again)") from None
+    return state, Weights(pretrain.kind.value, pretrain.cache_key(), str(path), digest)
 
 
 # -- dataset: held-out samples ---------------------------------------------------------------------

@@ -65,12 +65,21 @@ def _inject_lora(model: CLNet, blocks: list[str], rank: int) -> None:
     from peft import LoraConfig, inject_adapter_in_model
 
     targets = [f"blocks.{name}" for name, m in model.blocks.named_modules()
-               if isinstance(m, LORA_TARGETS) and name.split(".")[0] in set(blocks)]
+               if isinstance(m, LORA_TARGETS) and name.split(".")[0] in set(blocks) and _lora_target(model, name)]
     config = LoraConfig(r=rank, lora_alpha=rank, lora_dropout=LORA_DROPOUT, bias="none", target_modules=targets)
     inject_adapter_in_model(config, model)
     # peft freezes every non-adapter parameter; the regime decides what trains, not peft.
     for p in model.parameters():
         p.requires_grad_(True)
+
+
+def _lora_target(model: CLNet, name: str) -> bool:
+    """Whether the Linear/Conv `name` (inside `model.blocks`) takes an adapter: a block declaring
+    `lora_targets` (a ViT's: attention qkv/proj and MLP fc1/fc2; none in its patch embedding) adapts those
+    modules only, any other block every Linear/Conv."""
+    block, _, inner = name.partition(".")
+    declared = getattr(model.blocks[block], "lora_targets", None)
+    return declared is None or inner in declared
 
 
 def _every(module, pname: str, argument) -> bool:

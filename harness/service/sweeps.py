@@ -322,6 +322,8 @@ def format_plan(protocol, plan, results, rope: float = 1.0) -> str:
         n = sum(1 for s in plan.specs if s.dataset.name in plan.missing_data)
         lines.append(terminal_safe(f"not planned: {n} runs of {', '.join(plan.missing_data)}, whose files are not "
                                    "there (run ids include the data's fingerprint; --data-dir, --download)"))
+    if plan.missing_weights:
+        lines.append(terminal_safe(f"weights missing: {plan.missing_weights}; run ids shown are without their sha256"))
     lines += [terminal_safe(f"note: {path} is invalid ({reason}); its run will be redone")
               for path, reason in plan.invalid]
     lines += [terminal_safe(f"note: {path} is foreign ({reason}); it is not counted") for path, reason in plan.foreign]
