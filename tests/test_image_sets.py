@@ -445,3 +445,31 @@ def test_pretraining_on_float_features_for_a_pixel_stream_is_refused(tmp_path):
     with pytest.raises(PretrainError, match=r"'cifar100' holds float32 features, but the stream 'cifar100-pixels' "
                                             r"holds uint8 pixels; allowed: a data set held the same way"):
         pretrained_backbone(spec, (3, 32, 32), data_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("regime", ["full", "last-1"])
+def test_vit_tiny_takes_the_pixels_itself(regime, tmp_path, monkeypatch):
+    """A backbone whose first block `takes_pixels` (a ViT's input stage) gets the uint8 tensor as it is: the run
+    equals the run on a float copy normalised as that stage does ((x / 255 - mean) / std), not on x / 255."""
+    from conftest import make_spec
+
+    import harness.run.engine as engine
+    from harness.config.specs import DatasetSpec
+    from harness.run.models import build_model
+
+    write_cifar100(tmp_path, n_train=64, n_test=16, classes=4)
+    pixels = load_dataset("cifar100-pixels", str(tmp_path))
+    stage = build_model("vit-tiny", (3, 32, 32), 1, 4).blocks["embed"].input
+    assert build_model("vit-tiny", (3, 32, 32), 1, 4).pixels(pixels.x_test).dtype == torch.uint8  # left to it
+    normalised = dataclasses.replace(pixels, x_train=(pixels.x_train.float() / 255.0 - stage.mean) / stage.std,
+                                     x_test=(pixels.x_test.float() / 255.0 - stage.mean) / stage.std)
+    spec = make_spec(dataset=DatasetSpec("cifar100-pixels", 2, 2, "vit-tiny"), scenario="class-il", method="naive",
+                     regime=regime, class_order=(2, 0, 3, 1), pretrain="first-task",
+                     training=dataclasses.replace(make_spec().training, epochs=1, batch_size=16))
+    records = []
+    for data in (pixels, normalised):
+        monkeypatch.setattr(engine, "load_dataset", lambda *_a, _d=data, **_k: _d)
+        record = engine.run_one(spec, data_dir=str(tmp_path), device="cpu")
+        assert record.status == vocab.Status.OK, record.error
+        records.append(comparable(record))
+    assert differences(records[0], records[1]) == []
