@@ -473,3 +473,21 @@ def test_vit_tiny_takes_the_pixels_itself(regime, tmp_path, monkeypatch):
         assert record.status == vocab.Status.OK, record.error
         records.append(comparable(record))
     assert differences(records[0], records[1]) == []
+
+
+def test_a_cli_run_on_imagenet_r_files_finishes_ok(tmp_path, cli):
+    write_imagenet_r(tmp_path / "data")
+    code, out, err = cli("run", "--protocol", protocol(tmp_path, "imagenet-r"), "--data-dir", tmp_path / "data",
+                         "--results", tmp_path / "res", "--no-progress", "--no-mlflow", "--no-leaderboard",
+                         "--device", "cpu")
+    assert code == 0, (out, err)
+    [path] = (tmp_path / "res" / "pix" / "runs").glob("*.json")
+    record = json.loads(path.read_text())
+    assert record["status"] == "ok" and record["spec"]["dataset"]["name"] == "imagenet-r"
+    # the data's fingerprint: sha256 over each tensor's dtype, shape and bytes (uint8 pixels)
+    data = load_dataset("imagenet-r", str(tmp_path / "data"))
+    h = hashlib.sha256()
+    for key in ("x_train", "y_train", "x_test", "y_test"):
+        tensor = getattr(data, key)
+        h.update(f"{tensor.dtype}|{tuple(tensor.shape)}|".encode() + tensor.numpy().tobytes())
+    assert record["spec"]["data_fingerprint"] == "sha256:" + h.hexdigest()[:16]
