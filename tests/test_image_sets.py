@@ -155,8 +155,20 @@ def test_a_damaged_jpeg_is_one_line_naming_it(tmp_path):
     write_imagenet_r(tmp_path)
     bad = tmp_path / "imagenet-r" / WNIDS[1] / "img_2.jpg"
     bad.write_bytes(bad.read_bytes()[:300])
-    with pytest.raises(DatasetError, match=rf"{bad} cannot be decoded as an image \(.*\); allowed: a JPEG"):
+    with pytest.raises(DatasetError, match=rf"{bad} cannot be decoded as an image \(.*\); allowed: an image"):
         load_dataset("imagenet-r", str(tmp_path))
+
+
+def test_only_jpeg_and_png_are_decoded(tmp_path):
+    """PIL would take this file for EPS, which it renders by running Ghostscript: never tried here."""
+    write_imagenet_r(tmp_path)
+    eps = tmp_path / "imagenet-r" / WNIDS[0] / "img_1.jpg"
+    eps.write_bytes(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n")
+    with Image.open(eps) as img:
+        assert img.format == "EPS"
+    with pytest.raises(DatasetError, match=rf"{eps} cannot be decoded as an image \(.*\); allowed: an image in "
+                                           r"one of the formats JPEG, PNG"):
+        image_sets.load_image("imagenet-r", eps)
 
 
 def test_a_link_in_place_of_an_image_and_a_bomb_are_refused(tmp_path, monkeypatch):

@@ -53,7 +53,11 @@ SPLIT_RULE = ("per class, images ranked by blake2b('<wnid>/<file name>'), the fi
 MAX_PIXELS = 89_478_485
 MAX_INDEX_BYTES = 64 << 20  # a CUB index file larger than this is not CUB's (the real ones are < 1 MB)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+# The formats PIL may read them as (its JPEG reader also takes a camera's multi-picture JPEG). Never PIL's other
+# formats: EPS, for one, is decoded by running Ghostscript on the file.
+FORMATS = ("JPEG", "PNG")
 CHUNK = 1 << 20
+AGAIN = "remove the data set's folder and pass --download to fetch it again"  # --download skips a present folder
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,7 @@ def _check_classes(name: str, where: Path, found: int, what: str) -> None:
     expected = DATASETS[name].n_classes
     if found != expected:
         raise DatasetError(f"dataset {name!r}: {where} has {found} {what}; allowed: {expected} "
-                           f"(layout: {SOURCES[name].layout}; an incomplete copy? pass --download to fetch it again)")
+                           f"(layout: {SOURCES[name].layout}; an incomplete copy? {AGAIN})")
 
 
 CUB_INDEX = ("images.txt", "image_class_labels.txt", "train_test_split.txt")
@@ -237,7 +241,7 @@ def source_key(name: str, folder: Path, listing: Listing) -> str:
 def _missing_image(name: str, folder: Path, path: str, exc: OSError) -> DatasetError:
     listed = " listed in images.txt" if name == "cub200" else ""
     return DatasetError(f"dataset {name!r}: {folder / path}{listed} cannot be read ({exc.strerror or exc}); "
-                        f"allowed: the layout {SOURCES[name].layout} (pass --download to fetch it again)")
+                        f"allowed: the layout {SOURCES[name].layout} ({AGAIN})")
 
 
 def _built(name: str, folder: Path, listing: Listing) -> tuple[dict, bytes]:
@@ -290,7 +294,7 @@ def load_image(name: str, path: Path) -> np.ndarray:
         raise DatasetError(f"dataset {name!r}: {path} cannot be read ({exc.strerror or first_line(exc)}); allowed: "
                            f"a regular image file of the layout {SOURCES[name].layout}") from None
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as img:
             w, h = img.size  # from the header: nothing is decoded yet
             if w * h > MAX_PIXELS:
                 raise DatasetError(f"dataset {name!r}: {path} claims {w}x{h} pixels; allowed: at most {MAX_PIXELS} "
@@ -300,7 +304,7 @@ def load_image(name: str, path: Path) -> np.ndarray:
         raise
     except Exception as exc:  # truncated, not an image, a bomb PIL refuses itself: whatever PIL raises
         raise DatasetError(f"dataset {name!r}: {path} cannot be decoded as an image ({first_line(exc)}); allowed: "
-                           "a JPEG or PNG image (remove the damaged copy, or pass --download to fetch it again)"
+                           f"an image in one of the formats {', '.join(FORMATS)} ({AGAIN})"
                            ) from None
 
 
