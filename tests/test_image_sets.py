@@ -220,6 +220,9 @@ def test_cub_missing_listed_file_and_escaping_path_are_one_line(tmp_path):
     (folder / "images.txt").write_text(text)
     with pytest.raises(DatasetError, match=r"images\.txt names '\.\./\.\./secret\.jpg'; allowed: a relative path"):
         load_dataset("cub200", str(tmp_path))
+    (folder / "image_class_labels.txt").write_text("".join(f"{r[0]} {r[1]}\n" for r in CUB_IMAGES[:-1]) + "8 ²\n")
+    with pytest.raises(DatasetError, match=r"image_class_labels\.txt: value '²'; allowed: 1\.\.3"):
+        load_dataset("cub200", str(tmp_path))
     (folder / "train_test_split.txt").write_text("1 1\n")
     with pytest.raises(DatasetError, match=r"train_test_split\.txt does not list the image ids of images\.txt"):
         load_dataset("cub200", str(tmp_path))

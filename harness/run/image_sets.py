@@ -183,7 +183,7 @@ def _id_table(path: Path, data: bytes) -> dict[int, str]:
         if not line.strip():
             continue
         parts = line.split(maxsplit=1)
-        if len(parts) != 2 or not parts[0].isdigit() or int(parts[0]) in table:
+        if len(parts) != 2 or not _is_number(parts[0]) or int(parts[0]) in table:
             raise DatasetError(f"dataset 'cub200': {path} line {n}: {line[:80]!r}; allowed: '<image id> <value>' "
                                "with a distinct integer id per line")
         table[int(parts[0])] = parts[1].strip()
@@ -193,9 +193,13 @@ def _id_table(path: Path, data: bytes) -> dict[int, str]:
 
 
 def _int_field(path: Path, value: str, allowed) -> int:
-    if not value.isdigit() or int(value) not in allowed:
+    if not _is_number(value) or int(value) not in allowed:
         raise DatasetError(f"dataset 'cub200': {path}: value {value[:40]!r}; allowed: {allowed[0]}..{allowed[-1]}")
     return int(value)
+
+
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # str.isdigit alone admits '²', which int() refuses
 
 
 def _image_path(index: Path, value: str) -> str:
@@ -276,8 +280,12 @@ def decode_all(name: str, folder: Path, listing: Listing) -> dict:
 
     workers = max(1, min(8, os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool:  # PIL releases the GIL while it decodes and resizes
-        for _ in pool.map(one, range(len(train))):  # in order: the first damaged file is the one named
-            pass
+        try:
+            for _ in pool.map(one, range(len(train))):  # in order: the first damaged file is the one named
+                pass
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # the images not started yet are not decoded for nothing
+            raise
     return arrays
 
 
