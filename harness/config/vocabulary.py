@@ -344,9 +344,9 @@ DATASETS = {
     "cifar100": DatasetFacts(100, "resnet18-reduced", "torchvision", (3, 32, 32)),
     # The data sets pretrained-model CL publishes on, held as uint8 pixels (0..255; docs/datasets.md): ImageNet-R
     # and CUB-200-2011 stored at 224x224, CIFAR-100's own 32x32 (the same files as cifar100).
-    "imagenet-r": DatasetFacts(200, "resnet18", "files", (3, 224, 224)),
-    "cub200": DatasetFacts(200, "resnet18", "files", (3, 224, 224)),
-    "cifar100-pixels": DatasetFacts(100, "resnet18-reduced", "files", (3, 32, 32)),
+    "imagenet-r": DatasetFacts(200, "vit-b16", "files", (3, 224, 224)),
+    "cub200": DatasetFacts(200, "vit-b16", "files", (3, 224, 224)),
+    "cifar100-pixels": DatasetFacts(100, "vit-b16", "files", (3, 32, 32)),
 }
 # Data sets held as uint8 pixels rather than float32 (harness/run/image_sets.py).
 PIXEL_DATASETS = ("imagenet-r", "cub200", "cifar100-pixels")

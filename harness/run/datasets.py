@@ -484,9 +484,18 @@ def _builtin(name: str, load) -> DataSource:
 
 
 def _image_set(name: str, given: str | None = None, download: bool = False) -> TensorData:
-    from .image_sets import load_image_set  # imported when used: PIL and the archive code serve these sets only
+    """A data set of PIXEL_DATASETS as uint8 pixel tensors (N, 3, H, W), validated as an npz file's arrays."""
+    import torch
 
-    return load_image_set(name, paths.data_dir(given), download)
+    root = paths.data_dir(given)
+    if name == "cifar100-pixels":
+        arrays = cifar100_pixels(root, download)
+    else:
+        from .image_sets import load_image_arrays  # imported when used: PIL and the archive code serve these only
+
+        arrays = load_image_arrays(name, root, download)
+    validate_arrays(name, arrays)
+    return TensorData(name, *(torch.from_numpy(np.ascontiguousarray(arrays[k])) for k in ARRAYS))
 
 
 # The built-in data sets, declared as a plug-in file declares its own (harness/api/plugins.py).

@@ -12,7 +12,8 @@
 ImageNet-R and CUB images are decoded once with PIL, converted to RGB, resized by RESIZE_RULE (the published
 test transform: shorter side 256, centre crop 224) and cached as uint8 arrays in the cache folder, keyed
 by the source files (names, sizes, modification times, index files' content), so a second load reads one
-file. Models turn uint8 into float / 255 on the device (CLNet.pixels; a ViT's input stage normalises them).
+file. harness/run/datasets.py validates the arrays and holds them as uint8 tensors; models turn them into
+float / 255 on the device (CLNet.pixels; a ViT's input stage normalises them).
 
 Everything read is untrusted: an image is read as bytes without following links, its pixel count checked
 from its header before it is decoded (MAX_PIXELS); a path from an index file stays inside `images/`; an
@@ -38,8 +39,8 @@ from ..config.files import NotRegularFile, read_regular
 from ..config.paths import cache_dir
 from ..config.text import first_line
 from ..config.vocabulary import DATASETS
-from .datasets import ARRAYS, TensorData, cifar100_pixels, validate_arrays
 
+ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # harness/run/datasets.py's names, which validates them
 # Bump when decoding or resizing changes what a cached array holds (the cache files' names carry it).
 IMAGE_BUILD = "v1"
 RESIZE, CROP = 256, 224
@@ -52,7 +53,11 @@ SPLIT_RULE = ("per class, images ranked by blake2b('<wnid>/<file name>'), the fi
 MAX_PIXELS = 89_478_485
 MAX_INDEX_BYTES = 64 << 20  # a CUB index file larger than this is not CUB's (the real ones are < 1 MB)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+# The formats PIL may read them as (its JPEG reader also takes a camera's multi-picture JPEG). Never PIL's other
+# formats: EPS, for one, is decoded by running Ghostscript on the file.
+FORMATS = ("JPEG", "PNG")
 CHUNK = 1 << 20
+AGAIN = "remove the data set's folder and pass --download to fetch it again"  # --download skips a present folder
 
 
 @dataclass(frozen=True)
@@ -77,27 +82,18 @@ SOURCES = {
 }
 
 
-def load_image_set(name: str, root: Path, download: bool = False) -> TensorData:
-    """The data set `name` of harness.config.vocabulary.PIXEL_DATASETS under `root`, as uint8 pixel tensors."""
-    if name == "cifar100-pixels":
-        arrays = cifar100_pixels(root, download)
-    else:
-        source = SOURCES[name]
-        folder = root / source.folder
-        if not folder.is_dir():
-            if not download:
-                raise DatasetMissing(f"dataset {name!r} not found: {folder} is missing (layout: {source.layout}); "
-                                     "pass --data-dir DIR pointing at the folder that holds it, or add --download "
-                                     "to fetch it")
-            fetch_archive(name, source, root)
-        arrays = _cached_images(name, folder)
-    return _tensors(name, arrays)
-
-
-def _tensors(name: str, arrays: dict) -> TensorData:
-    import torch
-
-    return TensorData(name, *(torch.from_numpy(np.ascontiguousarray(arrays[k])) for k in ARRAYS))
+def load_image_arrays(name: str, root: Path, download: bool = False) -> dict:
+    """The ARRAYS of `name` (imagenet-r or cub200) under `root` (fetched first with `download` when missing):
+    uint8 pixels (N, 3, CROP, CROP), int64 labels; harness/run/datasets.py validates and holds them."""
+    source = SOURCES[name]
+    folder = root / source.folder
+    if not folder.is_dir():
+        if not download:
+            raise DatasetMissing(f"dataset {name!r} not found: {folder} is missing (layout: {source.layout}); "
+                                 "pass --data-dir DIR pointing at the folder that holds it, or add --download "
+                                 "to fetch it")
+        fetch_archive(name, source, root)
+    return _cached_images(name, folder)
 
 
 # -- listing the files ------------------------------------------------------------------------------------
@@ -140,7 +136,7 @@ def _check_classes(name: str, where: Path, found: int, what: str) -> None:
     expected = DATASETS[name].n_classes
     if found != expected:
         raise DatasetError(f"dataset {name!r}: {where} has {found} {what}; allowed: {expected} "
-                           f"(layout: {SOURCES[name].layout}; an incomplete copy? pass --download to fetch it again)")
+                           f"(layout: {SOURCES[name].layout}; an incomplete copy? {AGAIN})")
 
 
 CUB_INDEX = ("images.txt", "image_class_labels.txt", "train_test_split.txt")
@@ -187,7 +183,7 @@ def _id_table(path: Path, data: bytes) -> dict[int, str]:
         if not line.strip():
             continue
         parts = line.split(maxsplit=1)
-        if len(parts) != 2 or not parts[0].isdigit() or int(parts[0]) in table:
+        if len(parts) != 2 or not _is_number(parts[0]) or int(parts[0]) in table:
             raise DatasetError(f"dataset 'cub200': {path} line {n}: {line[:80]!r}; allowed: '<image id> <value>' "
                                "with a distinct integer id per line")
         table[int(parts[0])] = parts[1].strip()
@@ -197,9 +193,13 @@ def _id_table(path: Path, data: bytes) -> dict[int, str]:
 
 
 def _int_field(path: Path, value: str, allowed) -> int:
-    if not value.isdigit() or int(value) not in allowed:
+    if not _is_number(value) or int(value) not in allowed:
         raise DatasetError(f"dataset 'cub200': {path}: value {value[:40]!r}; allowed: {allowed[0]}..{allowed[-1]}")
     return int(value)
+
+
+def _is_number(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # str.isdigit alone admits '²', which int() refuses
 
 
 def _image_path(index: Path, value: str) -> str:
@@ -245,7 +245,7 @@ def source_key(name: str, folder: Path, listing: Listing) -> str:
 def _missing_image(name: str, folder: Path, path: str, exc: OSError) -> DatasetError:
     listed = " listed in images.txt" if name == "cub200" else ""
     return DatasetError(f"dataset {name!r}: {folder / path}{listed} cannot be read ({exc.strerror or exc}); "
-                        f"allowed: the layout {SOURCES[name].layout} (pass --download to fetch it again)")
+                        f"allowed: the layout {SOURCES[name].layout} ({AGAIN})")
 
 
 def _built(name: str, folder: Path, listing: Listing) -> tuple[dict, bytes]:
@@ -258,9 +258,10 @@ def _built(name: str, folder: Path, listing: Listing) -> tuple[dict, bytes]:
 def _parse(name: str, data: bytes) -> dict:
     with np.load(io.BytesIO(data), allow_pickle=False) as f:
         arrays = {k: f[k] for k in ARRAYS}
-    if arrays["x_train"].dtype != np.uint8 or arrays["x_train"].shape[1:] != (3, CROP, CROP):
-        raise ValueError(f"x_train is {arrays['x_train'].dtype} {arrays['x_train'].shape[1:]}, not uint8 pixels")
-    validate_arrays(name, arrays)
+    for split in ("train", "test"):  # a file of another build: rebuilt (the values are checked by the loader)
+        x, y = arrays[f"x_{split}"], arrays[f"y_{split}"]
+        if x.dtype != np.uint8 or x.shape[1:] != (3, CROP, CROP) or y.dtype != np.int64 or y.shape != x.shape[:1]:
+            raise ValueError(f"{name}: x_{split} is {x.dtype} {x.shape}, y_{split} {y.dtype} {y.shape}")
     return arrays
 
 
@@ -279,9 +280,12 @@ def decode_all(name: str, folder: Path, listing: Listing) -> dict:
 
     workers = max(1, min(8, os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool:  # PIL releases the GIL while it decodes and resizes
-        for _ in pool.map(one, range(len(train))):  # in order: the first damaged file is the one named
-            pass
-    validate_arrays(name, arrays)
+        try:
+            for _ in pool.map(one, range(len(train))):  # in order: the first damaged file is the one named
+                pass
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # the images not started yet are not decoded for nothing
+            raise
     return arrays
 
 
@@ -298,7 +302,7 @@ def load_image(name: str, path: Path) -> np.ndarray:
         raise DatasetError(f"dataset {name!r}: {path} cannot be read ({exc.strerror or first_line(exc)}); allowed: "
                            f"a regular image file of the layout {SOURCES[name].layout}") from None
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data), formats=FORMATS) as img:
             w, h = img.size  # from the header: nothing is decoded yet
             if w * h > MAX_PIXELS:
                 raise DatasetError(f"dataset {name!r}: {path} claims {w}x{h} pixels; allowed: at most {MAX_PIXELS} "
@@ -308,7 +312,7 @@ def load_image(name: str, path: Path) -> np.ndarray:
         raise
     except Exception as exc:  # truncated, not an image, a bomb PIL refuses itself: whatever PIL raises
         raise DatasetError(f"dataset {name!r}: {path} cannot be decoded as an image ({first_line(exc)}); allowed: "
-                           "a JPEG or PNG image (remove the damaged copy, or pass --download to fetch it again)"
+                           f"an image in one of the formats {', '.join(FORMATS)} ({AGAIN})"
                            ) from None
 
 

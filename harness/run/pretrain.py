@@ -354,7 +354,16 @@ def _pretrain_data(recipe: DatasetRecipe, stream: str, input_shape: tuple, data_
         raise PretrainError(f"pretrain.dataset: {recipe.dataset!r} has samples of shape {tuple(data.input_shape)}, "
                             f"but the stream {stream!r} has {tuple(input_shape)}; allowed: a data set with the "
                             "stream's input shape, or same")
+    held = load_dataset(stream, data_dir, download).x_train.dtype
+    if data.x_train.dtype != held:  # uint8 pixels (image sets) are not normalised float features: another input
+        raise PretrainError(f"pretrain.dataset: {recipe.dataset!r} holds {_held_as(data.x_train.dtype)}, but the "
+                            f"stream {stream!r} holds {_held_as(held)}; allowed: a data set held the same way "
+                            "(cifar100-pixels for an image set's stream, cifar100 for a float one), or same")
     return x, y, data.n_classes, dataset_fingerprint(recipe.dataset, data_dir, download)
+
+
+def _held_as(dtype) -> str:
+    return "uint8 pixels" if dtype == torch.uint8 else f"{str(dtype).removeprefix('torch.')} features"
 
 
 # -- dataset: the cache ----------------------------------------------------------------------------

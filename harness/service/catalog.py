@@ -61,9 +61,9 @@ def _list_datasets(req: ListRequest):
     for name, facts in DATASETS.items():
         plugin = _plugin_source("dataset", name)
         where = (f"plug-in ({plugin})" if plugin else "embedded" if facts.source == "embedded"
-                 else "torchvision (--data-dir, --download)")
-        yield f"{name:<14} {facts.n_classes:>3} classes  default model {facts.default_model:<17} {where}"
-    yield "npz:PATH       your own arrays x_train, y_train, x_test, y_test"
+                 else f"{facts.source} (--data-dir, --download)")
+        yield f"{name:<16} {facts.n_classes:>3} classes  default model {facts.default_model:<17} {where}"
+    yield "npz:PATH         your own arrays x_train, y_train, x_test, y_test"
 
 
 def _list_methods(req: ListRequest):
