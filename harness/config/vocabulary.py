@@ -77,7 +77,8 @@ FAMILY_DESCRIPTIONS = {
     Family.DEPTH: "every parameter of the trainable blocks (head, last-k, full)",
     Family.BITFIT: "the biases of the trainable blocks (BatchNorm's shift included), base weights frozen",
     Family.NORM: "the affine scale and shift of the normalisation layers of the trainable blocks",
-    Family.LORA: "rank-R adapters (peft LoRA) on every Linear/Conv of the trainable blocks, base frozen",
+    Family.LORA: ("rank-R adapters (peft LoRA) on every Linear/Conv of the trainable blocks (on a ViT: attention "
+                  "and MLP layers), base frozen"),
     Family.PROMPT: "L prompt tokens prepended at the input of the first transformer block (VPT-shallow), "
                    "backbone frozen",
     Family.PROMPT_DEEP: "L prompt tokens at every transformer block of the trainable blocks (VPT-deep: the first "

@@ -1,0 +1,47 @@
+"""The ViT protocols of issue 26: vit-sweep-mini (embedded) and vit-sweep (paper scale)."""
+from __future__ import annotations
+
+from test_datasets import write_cifar100
+
+from harness.analysis.power import plan_power_lines
+from harness.api.registry import get_registry
+from harness.config.protocol import load_protocol
+from harness.config.vocabulary import MODELS, Scenario, regime_family
+from harness.execution.plan import expand
+
+TRANSFORMER_FAMILIES = {"depth", "prompt", "bitfit", "norm", "lora"}
+
+
+def test_vit_sweep_mini_runs_every_transformer_family_with_enough_orders_for_the_power_rule():
+    p = load_protocol("vit-sweep-mini", get_registry())
+    assert p.scenario == Scenario.CLASS_IL and p.pretrain.is_backbone and p.pretrain.holdout == 0.3
+    (d,) = p.datasets
+    assert (d.name, d.model) == ("digits", "vit-tiny") and d.model in MODELS
+    assert {regime_family(r) for r in p.regimes} == TRANSFORMER_FAMILIES
+    assert {"head", "last-1", "last-2", "full"} <= set(p.regimes)
+    names = {m.name for m in p.methods}
+    assert {"replay", "derpp"} <= names  # ER and DER++, as the issue asks
+    assert all(m.runs_under(r) for m in p.methods for r in p.regimes)  # every cell is filled
+    # the plan's power rule: every test the leaderboard shows can reach its decision level
+    lines = plan_power_lines(len(p.task_orders), len(p.methods), len(p.regimes), 1.0)
+    assert lines == ["power: every test shown can reach its decision level with these blocks"]
+    assert plan_power_lines(len(p.task_orders) - 1, len(p.methods), len(p.regimes), 1.0) != lines
+    specs = expand(p, {"digits": "sha256:digits"})
+    assert len(specs) == len(p.regimes) * len(p.methods) * len(p.task_orders) == 405
+
+
+def test_vit_sweep_is_the_published_setting_and_dry_runs_on_real_files_without_weights(tmp_path, cli):
+    p = load_protocol("vit-sweep", get_registry())
+    settings = {(d.name, d.n_tasks, d.classes_per_task, d.model) for d in p.datasets}
+    assert settings == {("cifar100-pixels", 10, 10, "vit-b16"), ("imagenet-r", 10, 20, "vit-b16")}
+    assert p.pretrain.as_json()["timm"] == "vit_base_patch16_224.augreg_in21k"
+    assert p.training.precision == "bf16" and len(p.task_orders) == 5
+    assert {regime_family(r) for r in p.regimes} == TRANSFORMER_FAMILIES | {"prompt-deep"}
+    write_cifar100(tmp_path / "data")  # CIFAR-100's real on-disk format; no ImageNet-R, no weights here
+    code, out, err = cli("run", "--protocol", "vit-sweep", "--dry-run", "--data-dir", tmp_path / "data",
+                         "--results", tmp_path / "res")
+    assert code == 0, err
+    per_dataset = len(p.regimes) * len(p.methods) * len(p.task_orders)
+    assert f"to run: {per_dataset}" in out  # CIFAR-100's runs; ImageNet-R's files are not there
+    assert "not planned" in out and "imagenet-r" in out
+    assert "weights missing: pretrain.timm vit_base_patch16_224.augreg_in21k" in out
