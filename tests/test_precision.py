@@ -139,3 +139,26 @@ def test_prefix_cache_trains_bf16_runs_to_the_uncached_numbers(monkeypatch):
         torch.set_num_threads(threads)
     assert cached_tasks  # the cache was used
     assert cached.acc_matrix == plain.acc_matrix and cached.update_norms == plain.update_norms
+
+
+def test_bf16_mixed_task_batches_give_each_row_its_own_heads_answer():
+    """Task-IL replay batches mix tasks: each row's logits come from its task's head, float32 out."""
+    from harness.run.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 8, 8), 3, 2)
+    set_precision(model, "bf16")
+    x, tasks = torch.randn(6, 1, 8, 8), torch.tensor([0, 1, 0, 2, 2, 1])
+    out = model(x, tasks)
+    assert out.dtype == torch.float32 and out.shape == (6, 2)
+    for t in range(3):  # each head alone, on the same rows, under the same autocast
+        rows = tasks == t
+        assert torch.equal(out[rows], model(x[rows], t))
+
+
+def test_a_bf16_task_il_replay_run_ends_ok():
+    spec = make_spec(method="replay", hparams={"mem_size": 20},
+                     training=TrainingSpec(lr=0.05, momentum=0.9, epochs=1, batch_size=32))
+    record = run_one(_bf16(spec), device="cpu")
+    assert record.status == "ok", record.error
+

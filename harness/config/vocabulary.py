@@ -296,6 +296,12 @@ def regime_problem(regime: str, model: str, dataset: str | None = None) -> str |
     blocks = facts.blocks[n - k:] if k else ()
     if r.family in TOKEN_FAMILIES:
         return _token_problem(regime, on, blocks, facts)
+    if r.family == Family.LORA and facts.token_blocks and not set(blocks) & set(facts.token_blocks):
+        # a transformer's LoRA targets (attention and MLP layers) are all inside its transformer blocks
+        first = len(facts.blocks) - facts.blocks.index(facts.token_blocks[-1])
+        return (f"{regime!r} trains nothing on {on}: its blocks {', '.join(blocks)} hold no attention or MLP layer "
+                f"for LoRA adapters (transformer blocks: {', '.join(facts.token_blocks)}); allowed: last-k with "
+                f"k >= {first}")
     needed = {Family.NORM: facts.norm_blocks, Family.BITFIT: facts.bias_blocks}.get(r.family)
     if needed is not None and not set(blocks) & set(needed):
         what = "normalisation layers" if r.family == Family.NORM else "bias terms"

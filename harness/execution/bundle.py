@@ -316,6 +316,8 @@ def _unplannable(doc: dict) -> str:
         return "its protocol names .npz data files"
     if isinstance(pretrain, dict) and "checkpoint" in pretrain:
         return "its protocol names a checkpoint file"
+    if isinstance(pretrain, dict) and "file" in pretrain:
+        return "its protocol names a weights file"
     return ""
 
 
@@ -323,7 +325,13 @@ def _setting(spec: dict) -> dict:
     """A spec's cell setting: every field but the method's, the data fingerprint and the plug-ins."""
     from .submission import METHOD_KEYS
 
-    return {k: v for k, v in spec.items() if k not in (*METHOD_KEYS, "data_fingerprint", "plugins")}
+    out = {k: v for k, v in spec.items() if k not in (*METHOD_KEYS, "data_fingerprint", "plugins")}
+    pretrain = out.get("pretrain")
+    if isinstance(pretrain, dict) and "timm" in pretrain:
+        # published weights are a cell's setting by name; their content hash, like the data's fingerprint, is
+        # the lab's (the verifier may not hold the file): a rerun compares it
+        out["pretrain"] = {"timm": pretrain["timm"]}
+    return out
 
 
 def _differing(mine: dict, cell: dict) -> list[str]:

@@ -136,13 +136,15 @@ def _verdict(checked: Checked, status: str, reason: str, k: int, reruns: tuple, 
 
 def _rerun(checked: Checked, record, data_dir, download: bool = False) -> Rerun:
     """Rerun one record with `reproduce`, from a temporary results folder holding it and its method file;
-    with `download`, its data set is fetched first (reproduce itself never downloads)."""
+    with `download`, its data set (and timm weights) are fetched first (reproduce itself never downloads)."""
     from ..run.datasets import dataset_fingerprint
+    from ..run.pretrain import with_timm_weights
     from .reproduce import reproduce
     from .store import write_record
 
     if download:
         dataset_fingerprint(record.spec.dataset.name, data_dir, True)
+        with_timm_weights(record.spec.pretrain, True)  # published weights the record names (others: nothing)
     with tempfile.TemporaryDirectory(prefix="cl-bench-verify-") as tmp:
         results = Path(tmp) / "results"
         write_record(results / record.spec.protocol / "runs", record, root=results)

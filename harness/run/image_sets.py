@@ -55,6 +55,7 @@ MAX_INDEX_BYTES = 64 << 20  # a CUB index file larger than this is not CUB's (th
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 # The formats PIL may read them as (its JPEG reader also takes a camera's multi-picture JPEG). Never PIL's other
 # formats: EPS, for one, is decoded by running Ghostscript on the file.
+MAX_IMAGE_BYTES = 64 << 20  # one image file of these data sets is a few hundred KB; a bigger one is refused unread
 FORMATS = ("JPEG", "PNG")
 CHUNK = 1 << 20
 AGAIN = "remove the data set's folder and pass --download to fetch it again"  # --download skips a present folder
@@ -294,13 +295,16 @@ def load_image(name: str, path: Path) -> np.ndarray:
     from PIL import Image
 
     try:
-        data = read_regular(path)  # not through a link: a file of the data set, never one it points at
+        data = read_regular(path, limit=MAX_IMAGE_BYTES + 1)  # not through a link: the data set's own file
     except NotRegularFile as exc:
         raise DatasetError(f"dataset {name!r}: {path} cannot be read (it is {exc.kind}); allowed: a regular image "
                            f"file of the layout {SOURCES[name].layout}") from None
     except OSError as exc:
         raise DatasetError(f"dataset {name!r}: {path} cannot be read ({exc.strerror or first_line(exc)}); allowed: "
                            f"a regular image file of the layout {SOURCES[name].layout}") from None
+    if len(data) > MAX_IMAGE_BYTES:
+        raise DatasetError(f"dataset {name!r}: {path} is larger than {MAX_IMAGE_BYTES >> 20} MiB; allowed: an image "
+                           f"file of the layout {SOURCES[name].layout}")
     try:
         with Image.open(io.BytesIO(data), formats=FORMATS) as img:
             w, h = img.size  # from the header: nothing is decoded yet
@@ -394,7 +398,9 @@ def safe_extract(name: str, archive: Path, dest: Path) -> None:
                     raise DatasetError(f"dataset {name!r}: {archive} member {member.name[:120]!r} refused: {problem}; "
                                        "allowed: regular files and folders inside the archive's folder "
                                        "(nothing was extracted)")
-            tar.extractall(dest, members=members, filter="data")
+            # every member was checked above; tarfile's own "data" filter (Python >= 3.11.4) checks again
+            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(dest, members=members, **kwargs)
     except DatasetError:
         raise
     except (tarfile.TarError, OSError, EOFError) as exc:

@@ -78,7 +78,8 @@ class CLNet(MultiTaskModule):
         out = feats.new_zeros(feats.shape[0], self.head_classes)
         for task in torch.unique(task_labels).tolist():
             mask = task_labels == task
-            out[mask] = self.heads[task](feats[mask])
+            # under bf16 autocast a head answers in bf16: the rows take the buffer's dtype (float32)
+            out[mask] = self.heads[task](feats[mask]).to(out.dtype)
         return out
 
     def forward_all_tasks(self, x: torch.Tensor) -> dict:

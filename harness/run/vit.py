@@ -125,7 +125,7 @@ class Embed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(self.input(x))
-        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x), dim=1)  # timm's _pos_embed
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)  # timm's _pos_embed (cat promotes)
         return self.norm_pre(self.pos_drop(x + self.pos_embed))
 
 
