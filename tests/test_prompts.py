@@ -104,7 +104,8 @@ def toy_backbone():
 
 
 MODELS = ("toy-vit", "vit-tiny")
-TOKEN_BLOCKS_OF = {"toy-vit": TOKEN_BLOCKS, "vit-tiny": ("block1", "block2", "block3", "block4")}
+# vit-tiny: embed, block1..block3 (its 3 transformer blocks), norm
+TOKEN_BLOCKS_OF = {"toy-vit": TOKEN_BLOCKS, "vit-tiny": ("block1", "block2", "block3")}
 WIDTH = {"toy-vit": D, "vit-tiny": 32}
 SEQUENCE = {"toy-vit": TOKENS, "vit-tiny": 1 + 16}  # vit-tiny: 4x4 patches of any sample, + the class token
 
@@ -305,10 +306,11 @@ def test_parameter_counts_and_fraction_by_hand():
     vit = _net("prompt-deep-l4", model="vit-tiny")
     plain = sum(p.numel() for p in _net(model="vit-tiny").blocks.parameters())  # the model without prompts
     vit_heads = 2 * (32 * 3 + 3)
+    vit_prompts = 3 * 4 * 32  # 3 transformer blocks x 4 tokens x width 32
     assert parameter_counts(vit, "prompt-deep-l4") == {
-        "trainable": 4 * 4 * 32 + vit_heads, "total": plain + vit_heads, "trainable_shared": 4 * 4 * 32,
-        "total_shared": plain, "per_head": vit_heads // 2, "adapters": 4 * 4 * 32,
-        "fraction": (4 * 4 * 32 + vit_heads) / (plain + vit_heads)}
+        "trainable": vit_prompts + vit_heads, "total": plain + vit_heads, "trainable_shared": vit_prompts,
+        "total_shared": plain, "per_head": vit_heads // 2, "adapters": vit_prompts,
+        "fraction": (vit_prompts + vit_heads) / (plain + vit_heads)}
     assert trained_effective(net, "prompt-deep-l4") == [f"blocks.{b}.prompt" for b in TOKEN_BLOCKS]
     weights = effective_weights(net, trained_effective(net, "prompt-deep-l4"))
     assert all(torch.equal(weights[n], p) for n, p in prompt_parameters(net).items())
@@ -332,8 +334,8 @@ def test_flops_count_the_prompt_tokens_on_vit_tiny_by_hand():
 
     for regime, extra in (("head", 0), ("prompt-l3", 3), ("prompt-deep-l3", 3), ("last-2:prompt-deep-l3", 3)):
         flops = flops_per_sample(_net(regime, model="vit-tiny"), (1, 8, 8))["blocks"]
-        grown = [0, 0, 0, extra] if regime.startswith("last-2") else [extra] * 4
-        assert flops[1:5] == [block_flops(SEQUENCE["vit-tiny"] + g) for g in grown], regime
+        grown = [0, 0, extra] if regime.startswith("last-2") else [extra] * 3  # last-2: block3 (+ norm) only
+        assert flops[1:4] == [block_flops(SEQUENCE["vit-tiny"] + g) for g in grown], regime
 
 
 # -- runs: update norms and a merge over the prompts --------------------------------------------------------------
@@ -424,7 +426,7 @@ def test_the_frozen_prefix_cache_gives_the_uncached_record_and_runs_repeat(model
 
 
 def test_list_regimes_names_the_prompt_families_and_the_backbones_that_take_prompts(cli):
-    code, out, _ = cli("list", "regimes")
+    code, out, _ = cli("list", "regimes")  # vit-tiny: embed + 3 transformer blocks + norm = 5 blocks
     assert code == 0 and "  prompt-lL  " in out and "  prompt-deep-lL  " in out
-    assert "vit-tiny (6 blocks, 4 take prompts)" in out and "mlp (4 blocks)," in out
+    assert "vit-tiny (5 blocks, 3 take prompts)" in out and "mlp (4 blocks)," in out
     assert f"prompt: {v.FAMILY_DESCRIPTIONS['prompt']}; prompt-deep: {v.FAMILY_DESCRIPTIONS['prompt-deep']}" in out
