@@ -10,7 +10,7 @@ JOBS ?= 2
 export MLFLOW_DISABLE_TELEMETRY := true
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install demo lint test test-fast test-cluster bench clean
+.PHONY: install demo lint test test-fast test-long test-cluster bench clean
 
 install: $(STAMP)
 
@@ -31,12 +31,17 @@ lint: install
 
 test: lint
 	@if [ -x scripts/ensure-chromium.sh ]; then scripts/ensure-chromium.sh; fi
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not cluster"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not cluster and not long"
 
 # The edit loop: the suite without the tests that train real models (marked slow) or start a cluster.
 test-fast: install
 	@if [ -x scripts/ensure-chromium.sh ]; then scripts/ensure-chromium.sh; fi
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not slow and not cluster"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m "not slow and not cluster and not long"
+
+# The process-lifecycle checks (SIGKILLs with resume, signals, run isolation, import costs in fresh
+# processes), marked long: about 5 minutes on 2 cores, outside `make test` to keep it near 10 minutes.
+test-long: install
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(JOBS) --dist loadfile -m long
 
 # A real two-node Ray cluster on loopback (ray start --head / ray start --address), ~2 min.
 test-cluster: install

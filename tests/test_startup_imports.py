@@ -10,6 +10,8 @@ import pytest
 
 from harness import compat
 
+pytestmark = pytest.mark.long  # make test-long: process lifecycle, minutes (Makefile)
+
 # What a run imports: the CLI's command path, the engine, every built-in method, and the Avalanche
 # strategies they build.
 RUN_IMPORTS = """

@@ -77,6 +77,7 @@ def test_corrupt_and_stray_files_are_detected_and_redone(smoke_results, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long: a sweep process killed and resumed
 def test_resume_after_the_sweep_process_is_killed(tmp_path):
     results = tmp_path / "killed"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

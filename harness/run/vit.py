@@ -51,7 +51,7 @@ VIT_CONFIGS = {
     "vit-b16-clip": VitConfig("vit_base_patch16_clip_224", CLIP_MEAN_STD, 224,
                               (("act_layer", "quick_gelu"),)),
 }
-TINY_GRID = 4  # vit-tiny's patches per side: 16 tokens + the class token whatever the sample size
+TINY_GRID = 4  # vit-tiny's patch size is min(H, W) // TINY_GRID: 4x4 patches on a square sample
 
 
 def depth(name: str) -> int:

@@ -25,7 +25,7 @@ from harness.execution.store import load_records, read_record, scan_runs
 
 from .conftest import REPO, tiny_protocol
 
-pytestmark = pytest.mark.slow  # every test here trains real models (runs, sweeps)
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # real sweeps killed at random points; make test-long
 
 SEED = 9
 KILLS = 12

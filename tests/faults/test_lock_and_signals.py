@@ -18,6 +18,8 @@ from harness.execution.store import read_record
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.long  # make test-long: process lifecycle, minutes (Makefile)
+
 HOST = socket.gethostname()
 STAMP = "2024-01-01T00:00:00"
 

@@ -25,6 +25,8 @@ from harness.run.engine import run_one
 
 from .conftest import REPO, tiny_protocol
 
+pytestmark = pytest.mark.long  # make test-long: process lifecycle, minutes (Makefile)
+
 TINY = dict(dataset=DatasetSpec("digits", 2, 2, "mlp"), regime="full", pretrain="none",
             training=TrainingSpec(lr=0.05, momentum=0.9, epochs=1, batch_size=64))
 IGNORED = {"timings", "provenance"}
