@@ -242,6 +242,14 @@ def test_overview_setup_lists_every_value(tmp_path, records):
         **r.spec.to_dict()["training"], "lr": 0.1}}}) for r in records[:2]]
     build_site(records + other, tmp_path)
     assert "lr 0.05 · 0.1" in _page(tmp_path / "index.html").text
+    assert "precision" not in _page(tmp_path / "index.html").text.split("Training", 1)[1].split("Budget", 1)[0]
+
+
+def test_overview_names_a_bf16_precision(tmp_path, records):
+    bf16 = [RunRecord.from_dict({**r.to_dict(), "spec": {**r.spec.to_dict(), "training": {
+        **r.spec.to_dict()["training"], "precision": "bf16"}}}) for r in records]
+    build_site(bf16, tmp_path)
+    assert "precision bf16 (autocast)" in _page(tmp_path / "index.html").text
 
 
 def test_headline_leads_with_credible_reversals(built):

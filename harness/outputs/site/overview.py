@@ -83,6 +83,7 @@ def _setup(records, frame: pd.DataFrame) -> dict:
             "optimizer": values(lambda s: s.training.optimizer), "lr": values(lambda s: s.training.lr),
             "momentum": values(lambda s: s.training.momentum),
             "weight_decay": values(lambda s: s.training.weight_decay),
+            "precision": values(lambda s: s.training.precision),
             "steps": float(ok_steps.mean()) if len(ok_steps) else None}
 
 
