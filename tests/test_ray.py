@@ -170,8 +170,10 @@ def test_process_pool_survives_a_dying_worker(tmp_path, spec_factory):
     attempts = {s.method: len((tmp_path / f"{s.method}.attempts").read_text()) for s in specs}
     # die: with slow in the pool, then alone until it has died alone max_retries + 1 times. Whether the
     # broken pool also fails slow's in-flight future is CPython's timing (measured: both happen, more
-    # often on a loaded machine): slow then runs again alone, else it finishes in the first pool.
-    assert attempts["fast"] == 1 and attempts["slow"] in (1, 2) and attempts["die"] in (2, 3)
+    # often on a loaded machine): slow then runs again alone, else it finishes in the first pool. Where
+    # die's worker is held off the CPU until slow has finished (seen once in a CI rehearsal under load),
+    # fast starts in the freed worker, is in flight when die breaks the pool, and runs again alone.
+    assert attempts["fast"] in (1, 2) and attempts["slow"] in (1, 2) and attempts["die"] in (2, 3)
 
 
 def test_ray_flags_need_the_ray_executor(capsys):
