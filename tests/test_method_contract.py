@@ -130,7 +130,7 @@ def test_the_readme_hook_table_lists_every_hook_of_the_contract():
     members |= {name for hook in contract.StrategyHooks for name, v in vars(hook).items()
                 if callable(v) and not name.startswith("_")}
     assert members == {"harness_eval_model", "harness_eval_model_now", "harness_diagnostics", "harness_prefix_cache",
-                       "stored_tensors", "harness_memory"}
+                       "stored_tensors", "harness_memory", "harness_state"}
     assert members <= rows, members - rows
 
 

@@ -5,6 +5,7 @@
 - `MethodContext` (`ctx`): everything the harness hands `build(ctx, **hparams)`.
 - `StrategyHooks`: the optional hooks (documentation: the engine looks each up on the strategy and
   then on each of its plugins through its own function here).
+- `STATE_BLOCKS`: the blocks method-owned state (`StateHook`) may be named under in update norms.
 
 Adapters (built-in or submitted) depend on this module only; the engine is the host that
 resolves them by name and drives them through it. See submissions/README.md.
@@ -207,10 +208,33 @@ class MemoryHook(Protocol):
     def harness_memory(self) -> MemoryUse: ...
 
 
+# The blocks a `harness_state()` tensor may be named under: `<block>.<name>`.
+STATE_BLOCKS = ("prompts", "prototypes")
+
+
+@runtime_checkable
+class StateHook(Protocol):
+    """Provides the tensors the method keeps that act as model weights but are not in `model.blocks`,
+    so that update norms and drift cover them (README.md's record schema; docs/update-norms.md).
+
+    Called after every task, on the evaluated model's side of the task (after `harness_eval_model()`).
+    Names are `prompts.<name>` (a prompt pool: prompts, keys, attention vectors, components; every
+    parameter of the pool) or `prototypes.<name>` (class prototypes the classifier is made of); the
+    part before the first dot is the block in per-block norms, and a name may not be returned by two
+    providers. A tensor whose first dimension is the class (it grows as classes arrive) is compared on
+    the rows both snapshots have; its other dimensions may not change. Class statistics that are not
+    weights (covariances, a ridge solver's Gram matrix) and heads are not returned. Return detached
+    tensors: the harness copies them to the CPU.
+    """
+
+    def harness_state(self) -> dict[str, torch.Tensor]: ...
+
+
 # The optional hooks, all of them: the list a method author reads (submissions/README.md's hook table,
 # which tests/test_method_contract.py checks against it). The engine calls each through its own
 # function below (evaluated_model, collect_diagnostics, ...), never through this tuple.
-StrategyHooks = (EvalModelHook, EvalNowHook, DiagnosticsHook, PrefixCacheDeclaration, StoredTensorsHook, MemoryHook)
+StrategyHooks = (EvalModelHook, EvalNowHook, DiagnosticsHook, PrefixCacheDeclaration, StoredTensorsHook, MemoryHook,
+                 StateHook)
 # Set by the harness on a strategy with the fast data path: the minibatch-order generator,
 # which a method training in stages may save and restore (see methods/became.py).
 BATCH_GENERATOR_ATTRIBUTE = "harness_batch_generator"
@@ -289,3 +313,23 @@ def memory_use(strategy) -> MemoryUse | None:
     if not uses:
         return None
     return MemoryUse(samples=sum(int(u.samples) for u in uses), tensors=tuple(t for u in uses for t in u.tensors))
+
+
+def method_state(strategy) -> dict[str, torch.Tensor]:
+    """Every `harness_state()` of the strategy and its plugins, merged in order; ValueError (one line)
+    for a name outside `STATE_BLOCKS`, a name two providers return, or a value that is no tensor."""
+    merged: dict[str, torch.Tensor] = {}
+    for obj in _providers(strategy, StateHook):
+        for name, value in (obj.harness_state() or {}).items():
+            block, _, rest = str(name).partition(".")
+            if block not in STATE_BLOCKS or not rest:
+                raise ValueError(f"harness_state() of {type(obj).__name__} returned {name!r}: a name must be "
+                                 f"<block>.<name> with block one of {', '.join(STATE_BLOCKS)}")
+            if name in merged:
+                raise ValueError(f"harness_state() of {type(obj).__name__} returned {name!r}, which another "
+                                 "provider returned already: names must be unique")
+            if not isinstance(value, torch.Tensor):
+                raise ValueError(f"harness_state() of {type(obj).__name__} returned a {type(value).__name__} "
+                                 f"for {name!r}: values must be tensors")
+            merged[name] = value
+    return merged

@@ -288,7 +288,8 @@ class RunRecord:
     acc_matrix[i][j]: accuracy on task j after training task i (all tasks, every row);
     rows may be fewer than T when the run failed part-way.
     update_norms: {"shared": [None, u_2..u_T], "relative": [...], "per_block": {block: [...]},
-                   "drift": float|None, "step_forgetting": [None, f_2..f_T]}.
+                   "drift": float|None, "step_forgetting": [None, f_2..f_T]}; blocks include a method's
+                   `prompts`/`prototypes` (harness/run/norms.py, docs/update-norms.md).
     budget: {"optimizer_steps", "samples_seen", "steps_per_task": [...], "samples_per_task": [...],
              "epochs_per_stage": [[epochs of each training stage] per task]} (HarnessPlugin.budget in
              run/plugins.py), and where the method declares what it keeps between tasks (api.contract.

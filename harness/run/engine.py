@@ -35,7 +35,7 @@ from .evaluation import ContinualEvaluator, evaluate_class_il, task_accuracy
 from .fastdata import skip_lone_batches
 from .isolation import capture, restore
 from .models import build_model, shared_effective_weights, trainable_block_names
-from .norms import snapshot, update_norms
+from .norms import check_shapes, snapshot, update_norms
 from .plugins import DivergedError, HarnessPlugin
 from .precision import provenance as precision_provenance, set_precision
 from .probe import probe_accuracy
@@ -236,12 +236,21 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
         trained = strategy.model
         progress.probe_acc.append(_timed_probe(trained, tasks[t], spec, device, progress))
         progress.trained_acc.append(_trained_accuracy(trained, evaluated, tasks[t], spec, device, progress))
-        progress.snapshots.append(snapshot(shared_effective_weights(evaluated)))
+        progress.snapshots.append(_snapshot(evaluated, strategy, progress.snapshots))
         progress.diagnostics.update(contract.collect_diagnostics(strategy))
         progress.memory.append(_memory_use(strategy))
         _check_test_data(tasks, fingerprints, t)
         if observer:
             observer("after_task", t, strategy)
+
+
+def _snapshot(evaluated, strategy, earlier: list) -> dict:
+    """CPU copies of the evaluated model's shared effective weights and of the method's own state
+    (`harness_state()`: prompts, prototypes); ValueError (the run fails) for state the norms cannot compare."""
+    taken = snapshot({**shared_effective_weights(evaluated), **contract.method_state(strategy)})
+    if earlier:
+        check_shapes(earlier[-1], taken)
+    return taken
 
 
 def _attach_meter(strategy, harness_plugin, meter) -> None:
