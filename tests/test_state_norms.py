@@ -204,6 +204,15 @@ def test_a_run_with_state_records_its_blocks_norms_as_computed_by_hand(protos_ru
     assert norms["drift"] == pytest.approx(drift, rel=1e-6)
 
 
+def test_a_record_with_state_blocks_is_written_and_read_back_valid(protos_run, tmp_path):
+    from harness.execution.store import read_record, write_record
+
+    record, _ = protos_run
+    path = write_record(tmp_path, record)
+    back, problem = read_record(path)
+    assert problem is None and back.update_norms == record.update_norms
+
+
 def test_state_a_method_cannot_compare_fails_its_run(tmp_path):
     from harness.run.engine import run_one
 
