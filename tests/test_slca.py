@@ -23,6 +23,7 @@ from harness.run.datasets import load_dataset
 from harness.run.engine import run_one
 from harness.run.streams import split_tasks
 
+ROOT = Path(__file__).resolve().parents[1]
 WIDTH, CPT, N_TASKS = 12, 2, 3
 OFFICIAL_SGD = TrainingSpec(optimizer="sgd", lr=official.lrate, momentum=0.9, weight_decay=official.weight_decay)
 
@@ -117,6 +118,22 @@ def test_stage_1_loss_and_learning_rates_equal_the_officials():
 def test_head_is_refused_and_trainable_backbones_are_not():
     assert "head" in refused_regime("head")
     assert all(refused_regime(r) is None for r in ("last-2", "full", "lora-r4", "last-2:lora-r4"))
+
+
+def test_a_protocol_pairing_slca_with_another_family_is_refused_at_load(tmp_path):
+    from harness.api.registry import get_registry
+    from harness.config.errors import UserError
+    from harness.config.protocol import load_protocol
+
+    text = (ROOT / "protocols" / "vit-sweep-mini.yaml").read_text()
+    path = tmp_path / "p.yaml"
+    text = text.replace("name: vit-sweep-mini", "name: slca-test")
+    path.write_text(text.replace("regimes: [head, prompt-l4, bitfit, norm, lora-r1, lora-r4, last-1, last-2, full]",
+                                 "regimes: [last-2, lora-r4, bitfit]").replace("  - ncm\n", "  - ncm\n  - slca\n"))
+    with pytest.raises(UserError, match="slca cannot run faithfully under regime 'bitfit'"):
+        load_protocol(str(path), get_registry())
+    path.write_text(path.read_text().replace("[last-2, lora-r4, bitfit]", "[last-2, lora-r4, last-2:lora-r4]"))
+    assert "slca" in [m.name for m in load_protocol(str(path), get_registry()).methods]
 
 
 def _vit_spec(regime, **hparams):

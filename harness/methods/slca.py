@@ -332,6 +332,7 @@ ADAPTERS = (
                   captions={"slca_ca_steps": "SLCA classifier-alignment optimizer steps (head only), per task",
                             "slca_ca_rows": "SLCA sampled feature rows the head trained on, per task"},
                   regime_families=(Family.DEPTH, Family.LORA),
-                  regime_note="a slow learner trains the backbone (regime head is refused at build)",
+                  regime_note=("a slow learner trains the backbone's blocks or LoRA adapters at a small learning rate "
+                               "(regime head, no backbone, is refused too)"),
                   scenarios=(Scenario.CLASS_IL,)),
 )
