@@ -187,6 +187,7 @@ def test_class_statistics_are_of_the_task_data_with_the_model_of_that_time():
     def observer(event, t, strategy):
         if event == "after_task":
             seen["plugin"] = next(p for p in strategy.plugins if isinstance(p, SLCAPlugin))
+            heads.append(strategy.model.heads[0].weight.detach().clone())
             strategy.model.eval()
             with torch.no_grad():
                 f = strategy.model.features(tasks[t].x_train).double()
@@ -195,6 +196,7 @@ def test_class_statistics_are_of_the_task_data_with_the_model_of_that_time():
                 centred = rows - rows.mean(0)
                 expected[c] = (rows.mean(0), centred.T @ centred / (len(rows) - 1) + 1e-4 * torch.eye(f.shape[1]))
 
+    heads = []
     seen = {}
     record = run_one(make_spec(method="slca", scenario="class-il", regime="full", pretrain="none",
                                dataset=DatasetSpec("digits", 3, 2, "mlp"), hparams={"ca_samples_per_class": 16}),
@@ -204,4 +206,23 @@ def test_class_statistics_are_of_the_task_data_with_the_model_of_that_time():
     worst_mean = max(float((plugin.means[c] - m).abs().max()) for c, (m, _) in expected.items())
     worst_cov = max(float((plugin.covs[c].double() - v).abs().max()) for c, (_, v) in expected.items())
     assert worst_mean < 1e-5 and worst_cov < 1e-5, (worst_mean, worst_cov)
+    # stage 1 trains the current task's head rows only: earlier tasks' rows are as their task left them
+    for t in range(1, 3):
+        assert torch.equal(heads[t][:2 * t], heads[t - 1][:2 * t])
+        assert not torch.equal(heads[t][2 * t:2 * t + 2], heads[t - 1][2 * t:2 * t + 2])
     assert np.isfinite(record.acc_matrix[-1]).all()
+
+
+def test_stage_1_learning_rates_decay_at_the_official_milestone():
+    """epochs 20, lr_decay_at 0.9: both groups at their rates for epochs 0..17, x0.1 at 18 and 19 (MultiStepLR [18])."""
+    from types import SimpleNamespace
+
+    plugin = SLCAPlugin(TrainingSpec(lr=0.01), 0.01, 0.9, 0.1, 5, 256, 0.1, None, 1e-4, 2, 0)
+    groups = [{"lr": None}, {"lr": None}]
+    rates = []
+    for epoch in range(20):
+        strategy = SimpleNamespace(train_epochs=20, clock=SimpleNamespace(train_exp_epochs=epoch),
+                                   optimizer=SimpleNamespace(param_groups=groups))
+        plugin.before_training_epoch(strategy)
+        rates.append([g["lr"] for g in groups])
+    assert rates[:18] == [pytest.approx([1e-4, 1e-2])] * 18 and rates[18:] == [pytest.approx([1e-5, 1e-3])] * 2
