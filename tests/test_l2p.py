@@ -175,3 +175,18 @@ def test_a_digits_run_completes_and_repeats_bitwise(scenario):
     assert len(first.acc_matrix) == 5 and first.diagnostics["l2p_pool_parameters"] == 4 * 5 * D + 4 * D
     assert compare(first, second)[0] == "bitwise"
     assert first.update_norms["shared"][1:] == [0.0] * 4  # the backbone is frozen; the pool is method state
+
+
+def test_a_protocol_pairs_l2p_with_prompt_regimes_only(tmp_path):
+    from harness.api.registry import get_registry
+    from harness.config.errors import ProtocolError
+    from harness.config.protocol import load_protocol
+
+    text = ("name: p\nversion: '1'\nscenario: class-il\npretrain: none\ndatasets:\n"
+            "  - {name: digits, n_tasks: 5, classes_per_task: 2, model: vit-tiny}\nregimes: [%s]\nmethods: [l2p]\n")
+    path = tmp_path / "p.yaml"
+    path.write_text(text % "prompt-l5")
+    assert load_protocol(path, get_registry()).methods[0].name == "l2p"
+    path.write_text(text % "prompt-l5, head")
+    with pytest.raises(ProtocolError, match="l2p cannot run faithfully under regime 'head'"):
+        load_protocol(path, get_registry())
