@@ -163,6 +163,8 @@ def test_build_refuses_a_top_k_beyond_the_pool_and_a_regime_without_prompts():
     ctx = _ctx(build_model("vit-tiny", (1, 8, 8), 1, CLASSES))
     with pytest.raises(ValueError, match="regime 'head'; allowed: prompt-lL"):
         build_l2p(MethodContext(**{**ctx.__dict__, "regime": "head"}))
+    with pytest.raises(ValueError, match="l2p: blocks fc1, fc2, fc3, fc4; allowed: a cl-bench ViT"):
+        build_l2p(_ctx(build_model("mlp", (1, 8, 8), 1, CLASSES)))
 
 
 @pytest.mark.parametrize("scenario", ["class-il", "task-il"])

@@ -64,6 +64,18 @@ def prompt_length(regime: str) -> int:
     return int(parsed.rank)
 
 
+EMBED_API = ("pos_embed", "pos_drop", "norm_pre")  # the harness ViT's input stage (harness/run/vit.py: Embed)
+
+
+def check_vit(model) -> None:
+    """The model must be a harness ViT: blocks embed (with the attributes above), token blocks, norm, pool."""
+    names = list(model.blocks)
+    embed = model.blocks[names[0]]
+    if names[-1] != "pool" or not all(hasattr(embed, a) for a in EMBED_API) or not token_blocks(model):
+        raise ValueError(f"l2p: blocks {', '.join(names)}; allowed: a cl-bench ViT (vit-tiny, vit-b16, "
+                         "vit-b16-clip: embed with a position embedding, transformer blocks, norm, pool)")
+
+
 def drop_regime_prompt(model) -> None:
     """Resize the regime's VPT prompt to zero tokens: the pool replaces it (module docstring)."""
     for block in token_blocks(model).values():
@@ -155,10 +167,12 @@ class L2PNet(nn.Module):
         """The output dict with `logits` (the heads on the pre-logits: one per sample's task)."""
         res = self.prompted(x, self.query(x))
         feats = res["pre_logits"]
-        if isinstance(task_labels, int) or task_labels is None:
-            res["logits"] = self.heads[0 if len(self.heads) == 1 else int(task_labels or 0)](feats)
-        else:
-            res["logits"] = self.net.heads_forward(feats, task_labels)
+        with _autocast(self.net, feats):  # as CLNet.forward runs its heads
+            if isinstance(task_labels, int) or task_labels is None:
+                out = self.heads[0 if len(self.heads) == 1 else int(task_labels or 0)](feats)
+            else:
+                out = self.net.heads_forward(feats, task_labels)
+        res["logits"] = out.float()
         return res
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
@@ -228,11 +242,9 @@ def build_l2p(ctx, pool_size=10, top_k=5, batchwise_prompt=True, sim_coefficient
     if int(top_k) > int(pool_size):
         raise ValueError(f"l2p: top_k={top_k} exceeds pool_size={pool_size}; allowed: top_k <= pool_size")
     length = prompt_length(ctx.regime)
-    blocks = token_blocks(ctx.model)
-    if not blocks:
-        raise ValueError("l2p: the model has no transformer blocks (token_blocks); allowed: a ViT backbone")
+    check_vit(ctx.model)
     drop_regime_prompt(ctx.model)
-    embed_dim = next(iter(blocks.values())).embed_dim
+    embed_dim = next(iter(token_blocks(ctx.model).values())).embed_dim
     pool = make_pool(embed_dim, length, int(pool_size), int(top_k), bool(batchwise_prompt))  # the run's seeded RNG
     model = L2PNet(ctx.model, pool.to(ctx.device), str(head_type))
     return L2P(ctx=ctx, model=model, sim_coefficient=sim_coefficient, use_mask=train_mask, clip_grad=clip_grad)
