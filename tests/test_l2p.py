@@ -149,6 +149,12 @@ def test_the_training_loss_equals_the_official_engines():
         ref = torch.nn.CrossEntropyLoss()(logits, y) - 0.1 * output["reduce_sim"]
     print("loss max abs diff", _max_diff(loss.detach(), ref))
     assert _max_diff(loss.detach(), ref) <= 1e-5
+    loss.backward()  # the chosen prompts and keys learn (keys through the pull constraint only), the backbone not
+    pool, chosen = strategy.model.pool, output["prompt_idx"][0]
+    others = [i for i in range(POOL) if i not in chosen.tolist()]
+    assert pool.prompt.grad[chosen].abs().sum() > 0 and pool.prompt_key.grad[chosen].abs().sum() > 0
+    assert pool.prompt.grad[others].abs().sum() == 0 and pool.prompt_key.grad[others].abs().sum() == 0
+    assert all(p.grad is None for n, p in net.blocks.named_parameters() if not n.endswith("prompt"))
     state = strategy.harness_state()
     assert set(state) == {"prompts.pool", "prompts.keys"} and state["prompts.pool"].shape == (POOL, LENGTH, D)
     assert not any(t.requires_grad for t in state.values())
