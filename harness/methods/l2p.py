@@ -32,6 +32,8 @@ Deviations (each where it has one, a hyperparameter):
   token).
 - `use_prompt_mask` / `shared_prompt_pool` (task-specific prompt ranges, off in the official CIFAR-100 config)
   are not offered.
+Known limit: the compute meter hooks the ViT's root module and its last block (`pool`), neither of which the
+prompted pass calls, so `budget.compute` counts the query pass only (one forward per sample, no backward).
 Under the harness's class-IL growing head the loss covers the seen classes' columns (ctx.criterion) of logits
 already masked to the task's classes: the same loss as official L2P's fixed head with its mask.
 """
