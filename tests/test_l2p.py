@@ -182,6 +182,8 @@ def test_a_digits_run_completes_and_repeats_bitwise(scenario):
     assert first.status == "ok", first.error
     assert len(first.acc_matrix) == 5 and first.diagnostics["l2p_pool_parameters"] == 4 * 5 * D + 4 * D
     assert compare(first, second)[0] == "bitwise"
+    assert len(first.diagnostics["l2p_prompts_used"]) == 5
+    assert all(2 <= n <= 4 for n in first.diagnostics["l2p_prompts_used"])  # at least top_k, at most the pool
     assert first.update_norms["shared"][1:] == [0.0] * 4  # the backbone is frozen; the pool is method state
 
 

@@ -199,16 +199,20 @@ class L2P(LearningToPrompt):
         self.use_cls_features, self.use_vit, self.train_prompt_mask = True, True, False
         self.clip_grad = float(clip_grad)
         self.res, self.task_classes = None, None
+        self.used: list[set] = []  # per task: the pool prompts chosen in its training batches
 
     def _before_training_exp(self, **kwargs):
         SupervisedTemplate._before_training_exp(self, **kwargs)  # the harness's optimizer reset, not a new Adam
         # official class_mask[task_id] (Avalanche: classes_in_this_experience): the labels of the task's data
         self.task_classes = np.unique(np.asarray(list(self.experience.dataset.targets), dtype=np.int64))
+        self.used.append(set())
 
     def forward(self):
         """LearningToPrompt.forward with the harness model's query and heads."""
         self.res = self.model.logits(self.mb_x, self.mb_task_id)
         logits = self.res["logits"]
+        if self.is_training and self.used:
+            self.used[-1].update(torch.unique(self.res["prompt_idx"]).tolist())
         if self.use_mask and self.is_training:
             mask = self.task_classes
             not_mask = np.setdiff1d(np.arange(self.num_classes), mask)
@@ -227,8 +231,10 @@ class L2P(LearningToPrompt):
         return {"prompts.pool": self.model.pool.prompt.detach(), "prompts.keys": self.model.pool.prompt_key.detach()}
 
     def harness_diagnostics(self) -> dict:
-        """The pool's size (its parameters are trained weights the record's `params` do not count)."""
-        return {"l2p_pool_parameters": int(sum(p.numel() for p in self.model.pool.parameters()))}
+        """The pool's size (its parameters are trained weights the record's `params` do not count) and, per task,
+        how many of its prompts the task's training batches chose."""
+        return {"l2p_pool_parameters": int(sum(p.numel() for p in self.model.pool.parameters())),
+                "l2p_prompts_used": [len(u) for u in self.used]}
 
 
 def make_pool(embed_dim: int, length: int, pool_size: int, top_k: int, batchwise_prompt: bool) -> Prompt:
@@ -263,6 +269,8 @@ ADAPTERS = (
         "Wang et al., CVPR 2022 (L2P); github.com/google-research/l2p, PyTorch port "
         "github.com/JH-LEE-KR/l2p-pytorch; Avalanche LearningToPrompt",
         family="prompt-pool",
+        captions={"l2p_pool_parameters": "parameters of the prompt pool (prompts and keys)",
+                  "l2p_prompts_used": "pool prompts the task's training batches chose"},
         hparam_ranges={"pool_size": Range(low=1), "top_k": Range(low=1), "sim_coefficient": Range(low=0),
                        "head_type": Range(choices=HEAD_TYPES), "clip_grad": Range(low=0)},
         regime_families=(Family.PROMPT,),
