@@ -255,6 +255,7 @@ def test_a_class_il_run_on_vit_tiny_gives_a_record_and_the_same_record_twice(met
 
     def observe(event, t, strategy):
         if event == "after_task":
+            assert strategy.past_classes == 2 * t  # class-IL: the official last_valid_out_dim, masked in training
             seen[t] = ({k: v.clone() for k, v in strategy.harness_state().items()},
                        {n: p.detach().clone() for n, p in strategy.model.blocks.named_parameters(prefix="blocks")})
 
