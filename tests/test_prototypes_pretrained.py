@@ -116,6 +116,8 @@ def test_aper_equals_the_official_dual_branch_prototypes_end_to_end():
     rows = [len(t.y_train) for t in tasks]
     assert budget["compute"]["forward_per_task"][1:] == [2 * n for n in rows[1:]]
     assert budget["epochs_per_stage"] == [[1, 1], [1], [1]]
+    branch_bytes = sum(t.numel() * t.element_size() for t in (*pretrained.parameters(), *pretrained.buffers()))
+    assert budget["memory_bytes"][-1] > branch_bytes  # the kept pretrained branch counts, with the prototypes
 
 
 def test_aper_under_a_prompt_regime_keeps_a_pretrained_branch_without_prompts():

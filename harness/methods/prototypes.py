@@ -278,6 +278,7 @@ class FrozenFeatureStrategy(SupervisedTemplate):
         self.method_features = features  # (model, x) -> the method's features of x
         self.adapt_first = bool(adapt_first)
         self.tasks_done = 0
+        self.pretrained_branch = None  # APER's frozen copy of the pretrained model (kept: its memory counts)
         setattr(self, TRAINING_STAGE_ATTRIBUTE, None)
 
     def _train_exp(self, experience, eval_streams=None, **kwargs):
@@ -316,7 +317,10 @@ class FrozenFeatureStrategy(SupervisedTemplate):
         return FeatureClassifier(model, lambda x: self.method_features(model, x), self.classifier)
 
     def harness_memory(self) -> MemoryUse:
-        return MemoryUse(samples=0, tensors=self.classifier.tensors())
+        """The classifier's tensors and, for APER, the pretrained branch kept beside the trained model."""
+        branch = self.pretrained_branch
+        kept = () if branch is None else (*branch.parameters(), *branch.buffers())
+        return MemoryUse(samples=0, tensors=(*self.classifier.tensors(), *kept))
 
     def harness_state(self) -> dict:
         """The classifier's class-row tensors (`prototypes.<name>`), for update norms and drift."""
