@@ -148,7 +148,7 @@ def check_adapter(adapter, method_files=(), regimes=CONTRACT_REGIMES, device: st
                   label: bool = False) -> tuple[list, list]:
     """(findings, passed) for one registered adapter under each contract regime."""
     findings, passed = [], []
-    for regime in regimes:
+    for regime in admitted_regimes(adapter, regimes):
         where = f"{adapter.name}, {regime}" if label else regime
         scenarios = tuple(getattr(adapter, "scenarios", Scenario))  # task-IL where the method is defined in it
         spec = contract_spec(adapter.name, adapter.defaults, regime,
@@ -161,6 +161,30 @@ def check_adapter(adapter, method_files=(), regimes=CONTRACT_REGIMES, device: st
         findings += f
         passed += p
     return findings, passed
+
+
+def admitted_regimes(adapter, regimes) -> tuple:
+    """The contract regimes the adapter declares it runs on (its families and `regimes_allowed`): a protocol
+    could never pair it with the others. All of them where it admits none (a prompt-pool method: the contract's
+    small-cnn has no transformer block for the prompt families), as before such declarations."""
+    from ..config.vocabulary import regime_family, runs_under_family
+
+    families = tuple(getattr(adapter, "regime_families", ()))
+    allowed = getattr(adapter, "regimes_allowed", None)
+    admitted = tuple(r for r in regimes if (not families or runs_under_family(regime_family(r), families))
+                     and _allows(allowed, r))
+    return admitted or tuple(regimes)
+
+
+def _allows(allowed, regime: str) -> bool:
+    """Whether a `regimes_allowed` declaration admits `regime` (one that raises admits it: the run shows the rest;
+    a protocol naming the method reports the declaration's error in one line)."""
+    if allowed is None:
+        return True
+    try:
+        return allowed(regime) is None
+    except Exception:
+        return True
 
 
 def _run(spec, method_files, device):
@@ -186,12 +210,19 @@ def _inspect(record, probe, spec, where, method_files, device) -> tuple[list, li
                                 "return or skip experiences", where))
     else:
         passed.append(f"✓ [{where}] accuracy matrix is {N_TASKS}x{N_TASKS}")
-    still = [t + 1 for t, changed in enumerate(probe.changed) if not changed]
+    # A task the record says took no optimizer step (a closed-form classifier on frozen features, as SimpleCIL's
+    # after task 1) changes nothing by design; a task that stepped and changed nothing is the broken wiring.
+    steps = (record.budget or {}).get("steps_per_task") or [None] * len(probe.changed)
+    still = [t + 1 for t, changed in enumerate(probe.changed) if not changed and steps[t] != 0]
+    closed_form = [t + 1 for t, changed in enumerate(probe.changed) if not changed and steps[t] == 0]
     if still:
         findings.append(Finding("trainable", f"training task(s) {still} changed none of the trainable parameters",
                                 "the strategy must step the optimizer over the trainable parameters: use "
                                 "ctx.optimizer (or ctx.new_optimizer()), keep lr > 0, do not detach the loss",
                                 where))
+    elif closed_form:
+        passed.append(f"✓ [{where}] trainable parameters changed in every task that took optimizer steps "
+                      f"(task(s) {closed_form} took none, as the record's budget says)")
     else:
         passed.append(f"✓ [{where}] trainable parameters changed in every task")
     second, probe2 = _run(spec, method_files, device)
