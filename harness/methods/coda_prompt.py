@@ -30,7 +30,7 @@ from torch import nn
 
 from ..api.contract import MethodAdapter, Range
 from ..config.vocabulary import Family
-from ._prompt_pool import build_prompt_pool, half_length, uniform_prompt
+from ._prompt_pool import build_prompt_pool, half_length, regime_refusal, uniform_prompt
 
 
 def ortho_penalty(t: torch.Tensor) -> torch.Tensor:
@@ -165,7 +165,7 @@ ADAPTERS = (
         family="prompt-pool",
         version="1",
         hparam_ranges={"pool_size": Range(low=1), "ortho_mu": Range(low=0)},
-        regime_families=(Family.PROMPT,),
+        regime_families=(Family.PROMPT,), regimes_allowed=regime_refusal,
         regime_note="a prompt pool trains its components and the heads on the frozen backbone; prompt-lL gives the "
                     "prompt length L (even: halves for keys and values), the pool replaces the VPT prompt",
     ),

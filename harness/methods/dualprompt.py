@@ -28,7 +28,7 @@ from torch import nn
 
 from ..api.contract import MethodAdapter, Range
 from ..config.vocabulary import Family
-from ._prompt_pool import build_prompt_pool, half_length, uniform_prompt
+from ._prompt_pool import build_prompt_pool, half_length, regime_refusal, uniform_prompt
 
 
 class DualPromptPool(nn.Module):
@@ -123,7 +123,7 @@ ADAPTERS = (
         family="prompt-pool",
         version="1",
         hparam_ranges={"g_length": Range(low=0), "e_pool_size": Range(low=0), "top_k": Range(low=1)},
-        regime_families=(Family.PROMPT,),
+        regime_families=(Family.PROMPT,), regimes_allowed=regime_refusal,
         regime_note="a prompt pool trains its prompts and the heads on the frozen backbone; prompt-lL gives the "
                     "E-prompt length L (even: halves for keys and values), the pool replaces the VPT prompt",
     ),

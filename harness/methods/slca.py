@@ -324,6 +324,7 @@ ADAPTERS = (
                   "SLCA: slow learner (backbone lr = bcb_lrscale x head lr, current-task cross-entropy), then "
                   "classifier alignment on features sampled from per-class Gaussians after each task (class-IL)",
                   "Zhang et al., ICCV 2023 (SLCA); github.com/GengDavid/SLCA", family="slow-learner",
+                  regimes_allowed=refused_regime,
                   hparam_types={"ca_lr": (float, None), "ca_logit_norm": (float, None)},
                   hparam_ranges={"bcb_lrscale": Range(low=0), "lr_decay_at": Range(low=0, high=1),
                                  "lr_decay": Range(low=0, low_open=True), "ca_epochs": Range(low=0),
