@@ -184,7 +184,11 @@ def test_a_digits_run_completes_and_repeats_bitwise(scenario):
     assert compare(first, second)[0] == "bitwise"
     assert len(first.diagnostics["l2p_prompts_used"]) == 5
     assert all(2 <= n <= 4 for n in first.diagnostics["l2p_prompts_used"])  # at least top_k, at most the pool
-    assert first.update_norms["shared"][1:] == [0.0] * 4  # the backbone is frozen; the pool is method state
+    # the backbone is frozen: only the pool (method state, block `prompts`) moves, and it is all of u_t
+    per_block = first.update_norms["per_block"]
+    assert all(u == 0.0 for b, us in per_block.items() if b != "prompts" for u in us[1:] if u is not None)
+    assert all(u > 0 for u in per_block["prompts"][1:])
+    assert first.update_norms["shared"][1:] == pytest.approx(per_block["prompts"][1:], rel=1e-12)
 
 
 def test_a_protocol_pairs_l2p_with_prompt_regimes_only(tmp_path):

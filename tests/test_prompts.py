@@ -202,7 +202,8 @@ def test_methods_run_under_prompt_families_except_the_projection_methods():
     # prompt pools (family "prompt-pool") own `prompt` (their pool replaces its prompt) and refuse prompt-deep
     pools = [n for n, a in adapters.items() if a.family == "prompt-pool"]
     assert all(v.runs_under_family(v.Family.PROMPT, adapters[n].regime_families) for n in pools)
-    assert refused == sorted(["became", "became", "gpm", "gpm", *pools])
+    # SimpleCIL never trains the backbone (head only); SLCA's slow learner needs trained weights (depth, LoRA)
+    assert refused == sorted(["became", "became", "gpm", "gpm", "simplecil", "simplecil", "slca", "slca", *pools])
 
 
 # -- injection: the forward changes, nothing else ------------------------------------------------------------------
