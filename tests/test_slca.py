@@ -125,11 +125,10 @@ def test_a_protocol_pairing_slca_with_another_family_is_refused_at_load(tmp_path
     from harness.config.errors import UserError
     from harness.config.protocol import load_protocol
 
-    text = (ROOT / "protocols" / "vit-sweep-mini.yaml").read_text()
     path = tmp_path / "p.yaml"
-    text = text.replace("name: vit-sweep-mini", "name: slca-test")
-    path.write_text(text.replace("regimes: [head, prompt-l4, bitfit, norm, lora-r1, lora-r4, last-1, last-2, full]",
-                                 "regimes: [last-2, lora-r4, bitfit]").replace("  - ncm\n", "  - ncm\n  - slca\n"))
+    path.write_text("name: slca-test\nversion: '1'\nscenario: class-il\npretrain: none\n"
+                    "datasets: [{name: digits, n_tasks: 5, classes_per_task: 2, model: vit-tiny}]\n"
+                    "regimes: [last-2, lora-r4, bitfit]\nmethods: [naive, slca]\n")
     with pytest.raises(UserError, match="slca cannot run faithfully under regime 'bitfit'"):
         load_protocol(str(path), get_registry())
     path.write_text(path.read_text().replace("[last-2, lora-r4, bitfit]", "[last-2, lora-r4, last-2:lora-r4]"))

@@ -25,13 +25,23 @@ def test_vit_sweep_mini_runs_every_transformer_family_with_enough_orders_for_the
     assert {"head", "last-1", "last-2", "full"} <= set(p.regimes)
     names = {m.name for m in p.methods}
     assert {"replay", "derpp"} <= names  # ER and DER++, as the issue asks
-    assert all(m.runs_under(r) for m in p.methods for r in p.regimes)  # every cell is filled
-    # the plan's power rule: every test the leaderboard shows can reach its decision level
-    lines = plan_power_lines(len(p.task_orders), len(p.methods), len(p.regimes), 1.0)
-    assert lines == ["power: every test shown can reach its decision level with these blocks"]
-    assert plan_power_lines(len(p.task_orders) - 1, len(p.methods), len(p.regimes), 1.0) != lines
+    baselines = ("naive", "magmax", "replay", "derpp", "ncm")
+    assert all(m.runs_under(r) for m in p.methods if m.name in baselines for r in p.regimes)  # their cells are full
+    # v2: the pretrained-model methods, each under the regimes it runs faithfully on (and every such regime)
+    pretrained = {m.name: [r for r in p.regimes if m.runs_under(r)] for m in p.methods if m.name not in baselines}
+    assert pretrained == {"l2p": ["prompt-l4"], "dualprompt": ["prompt-l4"], "coda-prompt": ["prompt-l4"],
+                          "simplecil": ["head"], "aper": ["prompt-l4", "bitfit", "norm", "lora-r1", "lora-r4", "full"],
+                          "ranpac": ["head", "prompt-l4", "bitfit", "norm", "lora-r1", "lora-r4"],
+                          "slca": ["lora-r1", "lora-r4", "last-1", "last-2", "full"]}
+    # the plan's power rule: with 5 methods (v1) every test the leaderboard shows reaches its decision level at 9
+    # orders; v2's 12 methods leave only the Holm-corrected Wilcoxon tests short (66 pairs need 12 orders)
+    assert plan_power_lines(len(p.task_orders), 5, len(p.regimes), 1.0) == [
+        "power: every test shown can reach its decision level with these blocks"]
+    (warning,) = plan_power_lines(len(p.task_orders), len(p.methods), len(p.regimes), 1.0)
+    assert "Wilcoxon" in warning and "over 66 pairs" in warning and "needs >= 12 task orders" in warning
     specs = expand(p, {"digits": "sha256:digits"})
-    assert len(specs) == len(p.regimes) * len(p.methods) * len(p.task_orders) == 405
+    cells = sum(len(rs) for rs in pretrained.values()) + len(baselines) * len(p.regimes)
+    assert len(specs) == cells * len(p.task_orders) == 594
 
 
 def test_vit_sweep_is_the_published_setting_and_dry_runs_on_real_files_without_weights(tmp_path, cli):
@@ -45,7 +55,7 @@ def test_vit_sweep_is_the_published_setting_and_dry_runs_on_real_files_without_w
     code, out, err = cli("run", "--protocol", "vit-sweep", "--dry-run", "--data-dir", tmp_path / "data",
                          "--results", tmp_path / "res")
     assert code == 0, err
-    per_dataset = len(p.regimes) * len(p.methods) * len(p.task_orders)
+    per_dataset = sum(m.runs_under(r) for m in p.methods for r in p.regimes) * len(p.task_orders)
     assert f"to run: {per_dataset}" in out  # CIFAR-100's runs; ImageNet-R's files are not there
     assert "not planned" in out and "imagenet-r" in out
     assert "weights missing: pretrain.timm vit_base_patch16_224.augreg_in21k" in out
