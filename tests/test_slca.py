@@ -23,7 +23,6 @@ from harness.run.datasets import load_dataset
 from harness.run.engine import run_one
 from harness.run.streams import split_tasks
 
-ROOT = Path(__file__).resolve().parents[1]
 WIDTH, CPT, N_TASKS = 12, 2, 3
 OFFICIAL_SGD = TrainingSpec(optimizer="sgd", lr=official.lrate, momentum=0.9, weight_decay=official.weight_decay)
 
