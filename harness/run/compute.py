@@ -169,8 +169,9 @@ def wrapper_flops_per_sample(wrapper, model, input_shape) -> dict:
 
 
 def _measure_wrapper(wrapper, model, input_shape, rows: int = 2) -> dict:
-    """The wrapper's forward (or `harness_flops_forward`) on two meta rows, the rows its passes of the run's model
-    carried (the meter's own two hooks on the copy), and the backward of its output."""
+    """The wrapper's forward for task 0 (`forward(x, 0)`, CLNet's interface; or its `harness_flops_forward(x)`) on
+    two meta rows, the rows its passes of the run's model carried (the meter's own two hooks on the copy), and the
+    backward of its output."""
     inner = flops_per_sample(model, input_shape)
     clone, net = meta_copy(wrapper, model)
     seen = dict.fromkeys(("full", "backbone"), 0)
@@ -180,11 +181,11 @@ def _measure_wrapper(wrapper, model, input_shape, rows: int = 2) -> dict:
         handles.append(list(blocks.values())[-1].register_forward_hook(
             lambda m, a, out: seen.__setitem__("backbone", seen["backbone"] + out.shape[0])))
     x = torch.zeros((rows, *input_shape), device="meta")
-    run = getattr(clone, "harness_flops_forward", None) or clone
+    hook = getattr(clone, "harness_flops_forward", None)
     try:
         with torch.enable_grad():
-            with _FlopCount() as count:
-                out = run(x)
+            with _FlopCount() as count:  # one head, as the model's own measurement (task 0's)
+                out = clone(x, 0) if hook is None else hook(x)
             whole = count.total // rows
             backward = 0
             tensors = _rows(out)[1]
