@@ -240,7 +240,8 @@ def install_wrapper_hook(meter: ComputeMeter, wrapper) -> list:
         if meter.stage is not None:
             meter.count("wrapper", output)
 
-    return [wrapper.register_forward_pre_hook(_marked(before)), wrapper.register_forward_hook(_marked(after))]
+    return [wrapper.register_forward_pre_hook(_marked(before)),  # always_call: a call that raised leaves no depth
+            wrapper.register_forward_hook(_marked(after), always_call=True)]
 
 
 def _rows(output) -> tuple[int, list]:
