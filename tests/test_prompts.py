@@ -199,7 +199,10 @@ def test_methods_run_under_prompt_families_except_the_projection_methods():
     adapters = registry.get_registry()
     refused = sorted(n for n, a in adapters.items() for f in (v.Family.PROMPT, v.Family.PROMPT_DEEP)
                      if not v.runs_under_family(f, a.regime_families))
-    assert refused == ["became", "became", "gpm", "gpm"]
+    # prompt pools (family "prompt-pool") own `prompt` (their pool replaces its prompt) and refuse prompt-deep
+    pools = [n for n, a in adapters.items() if a.family == "prompt-pool"]
+    assert all(v.runs_under_family(v.Family.PROMPT, adapters[n].regime_families) for n in pools)
+    assert refused == sorted(["became", "became", "gpm", "gpm", *pools])
 
 
 # -- injection: the forward changes, nothing else ------------------------------------------------------------------

@@ -45,7 +45,11 @@ class MethodAdapter:
     `implementation`: set by the registry, the identity that enters every run id;
     `regime_families`: the regime families the method runs faithfully on (a protocol pairing it
     with another family is refused at load), `regime_note`: why, in one clause;
-    `scenarios`: the scenarios the method is defined in (a protocol of another is refused at load).
+    `scenarios`: the scenarios the method is defined in (a protocol of another is refused at load);
+    `regimes_allowed`: a finer declaration within the families, regime by regime (e.g. `head` but not
+    `last-k` in the depth family): `regimes_allowed(regime_name)` returns None where the method runs
+    faithfully, else one clause saying why not and what is allowed (a protocol pairing it is refused at
+    load, in one line); None: every regime of `regime_families`.
     """
 
     name: str
@@ -64,6 +68,7 @@ class MethodAdapter:
     regime_families: tuple[str, ...] = tuple(Family)
     regime_note: str = ""
     scenarios: tuple[str, ...] = tuple(Scenario)
+    regimes_allowed: Callable[[str], str | None] | None = None
 
 
 @dataclass(frozen=True)

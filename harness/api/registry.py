@@ -87,7 +87,8 @@ def adapters_from_module(module, source: str) -> list[MethodAdapter]:
                             version=getattr(module, "VERSION", "1"),
                             regime_families=tuple(getattr(module, "REGIME_FAMILIES", Family)),
                             regime_note=str(getattr(module, "REGIME_NOTE", "")),
-                            scenarios=_as_tuple(getattr(module, "SCENARIOS", tuple(Scenario))))
+                            scenarios=_as_tuple(getattr(module, "SCENARIOS", tuple(Scenario))),
+                            regimes_allowed=getattr(module, "REGIMES_ALLOWED", None))
     adapter = validate_adapter(adapter, source)
     return [dataclasses.replace(adapter, defaults=dict(adapter.defaults), captions=dict(adapter.captions),
                                 hparam_types=dict(adapter.hparam_types), hparam_ranges=dict(adapter.hparam_ranges))]
@@ -130,6 +131,9 @@ def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
     if not isinstance(scenarios, tuple) or not scenarios or any(s not in tuple(Scenario) for s in scenarios):
         raise RegistryError(f"{source}: the scenarios of {name!r} must be a non-empty tuple of "
                             f"{', '.join(Scenario)}, got {scenarios!r} (SCENARIOS, or MethodAdapter(scenarios=...))")
+    if adapter.regimes_allowed is not None and not callable(adapter.regimes_allowed):
+        raise RegistryError(f"{source}: REGIMES_ALLOWED of {name!r} must be a function regime -> None or a "
+                            f"one-clause reason to refuse it, got {type(adapter.regimes_allowed).__name__}")
     if not isinstance(adapter.version, str) or not adapter.version:
         raise RegistryError(f"{source}: the version of {name!r} must be a non-empty string, got {adapter.version!r}")
     return adapter

@@ -289,7 +289,26 @@ class _ProtocolValidator(Validator):
                 self.fail(key, f"{name} cannot run faithfully under regime {r!r} (family {regime_family(r)}): "
                                f"{note}; allowed: families {', '.join(families)}: list the regimes it runs on in "
                                f"{key}.regimes")
+            reason = self.regime_refusal(adapter, name, r, key)
+            if reason:
+                self.fail(key, f"{name} cannot run faithfully under regime {r!r}: {reason}; list the regimes it "
+                               f"runs on in {key}.regimes")
         return runs_on
+
+    def regime_refusal(self, adapter, name, regime, key) -> str | None:
+        """The adapter's own reason (`regimes_allowed`) to refuse one regime of a family it runs under, or None."""
+        allowed = getattr(adapter, "regimes_allowed", None)
+        if allowed is None:
+            return None
+        try:
+            reason = allowed(regime)
+        except Exception as exc:  # a submitted declaration's bug is one line, not a traceback
+            self.fail(key, f"{name}: its regimes_allowed({regime!r}) raised {type(exc).__name__}: {exc}; allowed: "
+                           "a function returning None or a one-clause reason")
+        if reason is not None and not isinstance(reason, str):
+            self.fail(key, f"{name}: its regimes_allowed({regime!r}) returned {type(reason).__name__}; allowed: "
+                           "None or a one-clause reason (str)")
+        return " ".join(reason.split()) if reason else None
 
     def methods(self, value, registry, regimes=(), scenario=Scenario.TASK_IL):
         out = []

@@ -185,8 +185,8 @@ def admits(adapter, regime: str) -> bool:
     allowed = getattr(adapter, "regimes_allowed", None)
     try:
         return allowed is None or allowed(regime) is None
-    except Exception:  # noqa: BLE001  (a declaration that raises admits nothing; the protocol load says why)
-        return False
+    except Exception:  # noqa: BLE001  (one that raises admits it: the run shows the rest; a protocol naming
+        return True    # the method reports the declaration's error in one line)
 
 
 def contract_runs(adapter, regimes=CONTRACT_REGIMES) -> tuple:
@@ -243,12 +243,19 @@ def _inspect(record, probe, spec, where, method_files, device) -> tuple[list, li
                                 "return or skip experiences", where))
     else:
         passed.append(f"✓ [{where}] accuracy matrix is {N_TASKS}x{N_TASKS}")
-    still = [t + 1 for t, changed in enumerate(probe.changed) if not changed]
+    # A task the record says took no optimizer step (a closed-form classifier on frozen features, as SimpleCIL's
+    # after task 1) changes nothing by design; a task that stepped and changed nothing is the broken wiring.
+    steps = (record.budget or {}).get("steps_per_task") or [None] * len(probe.changed)
+    still = [t + 1 for t, changed in enumerate(probe.changed) if not changed and steps[t] != 0]
+    closed_form = [t + 1 for t, changed in enumerate(probe.changed) if not changed and steps[t] == 0]
     if still:
         findings.append(Finding("trainable", f"training task(s) {still} changed none of the trainable parameters",
                                 "the strategy must step the optimizer over the trainable parameters: use "
                                 "ctx.optimizer (or ctx.new_optimizer()), keep lr > 0, do not detach the loss",
                                 where))
+    elif closed_form:
+        passed.append(f"✓ [{where}] trainable parameters changed in every task that took optimizer steps "
+                      f"(task(s) {closed_form} took none, as the record's budget says)")
     else:
         passed.append(f"✓ [{where}] trainable parameters changed in every task")
     second, probe2 = _run(spec, method_files, device)

@@ -16,7 +16,8 @@ class DivergedError(RuntimeError):
 
 
 class HarnessPlugin(SupervisedPlugin):
-    """Counts training iterations (proof that the adapter passed the plugins through), measures
+    """Counts training iterations (proof that the adapter passed the plugins through; a feature pass without a
+    gradient step counts, see methods/prototypes.py), measures
     the training budget and the losses of each task, and stops a run as soon as its loss is no
     longer finite.
 
@@ -49,8 +50,12 @@ class HarnessPlugin(SupervisedPlugin):
         self.losses.append([])
         self._stage = object()
 
-    def after_backward(self, strategy, **kwargs):
+    def before_training_iteration(self, strategy, **kwargs):
+        # Counted here, not at the backward pass: a method whose training takes no gradient step (a prototype
+        # or ridge classifier computed from a feature pass over the task's minibatches) runs iterations too.
         self.iterations += 1
+
+    def after_backward(self, strategy, **kwargs):
         loss = float(strategy.loss.detach())
         if not math.isfinite(loss):
             raise DivergedError(f"training loss became {loss} {self._where(strategy)}")
