@@ -135,9 +135,9 @@ def wrapped(tmp_path):
 
 
 def test_a_wrapper_around_the_run_model_costs_what_its_calls_run(wrapped):
-    """A wrapper whose forward calls the run's model: each training sample is two forward passes (the wrapper's
-    and the model's inside it) and one backward, at the FLOPs of naive's (the bias adds element-wise ops only);
-    the initial row evaluates the wrapper (its bias answers class 0); params count the bias."""
+    """A wrapper whose forward calls the run's model with gradients: that pass is the wrapper's own (counted once),
+    so its compute is naive's to the sample and the FLOP (the bias adds element-wise ops only); the initial row
+    evaluates the wrapper (its bias answers class 0); params count the bias."""
     spec = make_spec(hparams={}, training=TrainingSpec(lr=0.05, momentum=0.9, epochs=1, batch_size=32))
     naive = run_one(spec, device="cpu")
     mine = run_one(make_spec(method="wrapped-naive", hparams={},
@@ -145,7 +145,7 @@ def test_a_wrapper_around_the_run_model_costs_what_its_calls_run(wrapped):
                    device="cpu", method_files=(wrapped,))
     assert naive.status == mine.status == "ok", mine.error
     a, b = naive.budget["compute"], mine.budget["compute"]
-    assert b["forward_per_task"] == [2 * n for n in a["forward_per_task"]]
+    assert b["forward_per_task"] == a["forward_per_task"]
     assert b["backward_per_task"] == a["backward_per_task"]
     assert (b["forward_flops"], b["backward_flops"]) == (a["forward_flops"], a["backward_flops"])
     y = load_dataset("digits").y_test.numpy() if hasattr(load_dataset("digits").y_test, "numpy") \
@@ -174,3 +174,33 @@ def test_l2p_records_count_its_pool_and_its_prompted_passes():
     assert c["forward_per_task"] == [2 * n for n in c["backward_per_task"]] and all(c["backward_per_task"])
     prompted = CONV + 2 * D * 4 + _blocks_flops(1 + PATCHES + 2 * 5) + 2 * D * 2  # task-IL: 2 outputs per head
     assert c["forward_flops_per_sample"] == [CONV + _blocks_flops(1 + PATCHES) + prompted] * 5
+
+
+def test_a_prefix_prompt_wrapper_is_measured_even_holding_its_last_loss():
+    """DualPrompt's wrapper: the query (no gradients) is a backbone pass, the prompted pass through the run model's
+    forward (with gradients) is the wrapper's own; its measurement (FlopCounterMode on real tensors agrees) survives
+    the loss tensor it keeps between tasks."""
+    import torch as _torch
+
+    from harness.run import engine
+    from harness.run.plugins import HarnessPlugin
+
+    spec = make_spec(dataset=DatasetSpec("digits", 5, 2, "vit-tiny"), method="dualprompt", regime="prompt-l4",
+                     scenario="class-il", hparams={"g_layers": [0], "e_layers": [1, 2]},
+                     training=TrainingSpec(lr=0.01, momentum=0.9, epochs=1, batch_size=32))
+    model = engine.inject_adapters(engine.build_run_model(spec, (1, 8, 8)), spec.regime)
+    apply_regime(model, spec.regime)
+    wrapper = engine._build_strategy(spec, model, HarnessPlugin(None), _torch.device("cpu"), (), ()).model
+    compute._FLOPS_CACHE.clear()
+    fps = wrapper_flops_per_sample(wrapper, model, (1, 8, 8))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        wrapper(_torch.randn(4, 1, 8, 8), 0)
+    assert counter.get_total_flops() // 4 == fps["whole"]
+    assert fps["forward"] == fps["whole"] - sum(compute.flops_per_sample(model, (1, 8, 8))["blocks"])
+    wrapper.prompt_loss = wrapper.pool.parameters().__next__().sum() * 2  # not a leaf: a plain deepcopy refuses
+    compute._FLOPS_CACHE.clear()
+    assert wrapper_flops_per_sample(wrapper, model, (1, 8, 8)) == fps
+    record = run_one(spec, device="cpu")
+    c = record.budget["compute"]
+    assert c["forward_per_task"] == [2 * n for n in c["backward_per_task"]] and all(c["backward_per_task"])
+    assert record.params["method_owned"] > 0

@@ -13,9 +13,11 @@
   counted: a backward pass that starts at the features (no loss on the heads' outputs).
 - A method that trains and evaluates its own model around the run's (strategy.model is a wrapper sharing the
   run's blocks and heads, with its own forward: prompt pools) gets a third hook, on the wrapper's root: its calls
-  are passes of the wrapper (path `wrapper`, their backward `wrapper_backward`), and the passes of the run's model
-  made inside a wrapper call (L2P's query: `model.features(x)` on the frozen model) are counted as they are
-  everywhere (a backbone pass each), with no backward watch of their own (the wrapper's covers its graph).
+  are passes of the wrapper (path `wrapper`, their backward `wrapper_backward`). Passes of the run's model made
+  inside a wrapper call without gradients (a prompt pool's query: `model.features(x)` on the frozen model) are
+  passes of their own, counted as everywhere (a backbone pass each); those made with gradients (DualPrompt's
+  prompted pass through the run model's forward) are the wrapper's pass itself, not counted again. No backward
+  watch inside a wrapper call: the wrapper's covers its graph.
 - FLOPs per sample: measured ONCE per model structure and trainable set on a meta-device copy (no data,
   no hooks: the real model's parameters, buffers, BatchNorm statistics and hooks are never touched), forward
   per block and head, backward for the trainable set (frozen parameters need no weight gradients), with
@@ -23,8 +25,9 @@
   then multiplied by the counted passes. A wrapper's pass: its whole forward measured on a meta copy made with
   the run's model (shared weights stay shared; `harness_flops_forward(x)` on the wrapper, where it has one,
   replaces its forward there: a forward with the same FLOPs that meta tensors can run, e.g. without
-  data-dependent shapes), less what the passes of the run's model inside it cost by the same rule as counted
-  (so the query pass is counted once, as a backbone pass); backward: the wrapper's output's, for what trains.
+  data-dependent shapes), less what the passes of the run's model it makes without gradients cost (the same
+  rule as counted: the query pass is counted once, as a backbone pass); backward: the wrapper's output's, for
+  what trains.
 - Peak memory: the process's peak resident set (VmHWM, reset at the run's start through
   /proc/self/clear_refs) and, on CUDA, torch.cuda.max_memory_allocated.
 - Seconds per stage: training and evaluation (record.timings.train_s, eval_s, as before), the merge (building the
@@ -97,8 +100,9 @@ HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
 
 def meta_copy(model: torch.nn.Module, *others: torch.nn.Module):
     """A copy of `model` on the meta device (shapes, no data) without any hook: running it cannot change the
-    model's parameters, buffers or statistics, nor call a method's hooks. With `others`: one copy of all of them
-    (what they share stays shared), as a tuple."""
+    model's parameters, buffers or statistics, nor call a method's hooks. With `others` (a method's wrapper and the
+    run's model): one copy of all of them (what they share stays shared), as a tuple, and a non-leaf tensor a
+    module keeps (a wrapper's last loss, which deepcopy refuses) copied as a shell."""
     modules = (model, *others)
     memo = {}
     for t in [x for m in modules for x in (*m.parameters(), *m.buffers())]:
@@ -112,6 +116,9 @@ def meta_copy(model: torch.nn.Module, *others: torch.nn.Module):
             table = getattr(m, hooks, None)
             if isinstance(table, dict):
                 memo[id(table)] = type(table)()
+        for value in vars(m).values() if others else ():  # (a model alone: such a tensor is not measured)
+            if isinstance(value, torch.Tensor) and not value.is_leaf:
+                memo[id(value)] = torch.empty_like(value.detach(), device="meta")
     copied = copy.deepcopy(modules, memo)
     return copied if others else copied[0]
 
@@ -170,16 +177,21 @@ def wrapper_flops_per_sample(wrapper, model, input_shape) -> dict:
 
 def _measure_wrapper(wrapper, model, input_shape, rows: int = 2) -> dict:
     """The wrapper's forward for task 0 (`forward(x, 0)`, CLNet's interface; or its `harness_flops_forward(x)`) on
-    two meta rows, the rows its passes of the run's model carried (the meter's own two hooks on the copy), and the
-    backward of its output."""
+    two meta rows, the rows its passes of the run's model without gradients carried (the meter's two hooks and its
+    rule, on the copy), and the backward of its output."""
     inner = flops_per_sample(model, input_shape)
     clone, net = meta_copy(wrapper, model)
     seen = dict.fromkeys(("full", "backbone"), 0)
-    handles = [net.register_forward_hook(lambda m, a, out: seen.__setitem__("full", seen["full"] + _rows(out)[0]))]
+
+    def counter(path):  # the meter's rule: a pass inside the wrapper's call is one of its own without gradients
+        def hook(module, args, output):
+            if not torch.is_grad_enabled():
+                seen[path] += _rows(output)[0]
+        return hook
+    handles = [net.register_forward_hook(counter("full"))]
     blocks = getattr(net, "blocks", None)
     if isinstance(blocks, torch.nn.ModuleDict) and len(blocks):
-        handles.append(list(blocks.values())[-1].register_forward_hook(
-            lambda m, a, out: seen.__setitem__("backbone", seen["backbone"] + out.shape[0])))
+        handles.append(list(blocks.values())[-1].register_forward_hook(counter("backbone")))
     x = torch.zeros((rows, *input_shape), device="meta")
     hook = getattr(clone, "harness_flops_forward", None)
     try:
@@ -213,11 +225,11 @@ def install_hooks(meter: ComputeMeter, model) -> list:
     calls that reached the heads (and watches their backward). A backbone pass that no model call followed is a
     features-only pass (as_json: backbone − full)."""
     def after(module, args, output):
-        if meter.stage is not None:
+        if meter.stage is not None and not (meter.inside and torch.is_grad_enabled()):
             meter.count("full", output)
 
     def features(module, args, output):
-        if meter.stage is not None and meter.depth == 0:
+        if meter.stage is not None and meter.depth == 0 and not (meter.inside and torch.is_grad_enabled()):
             per_task = meter.counts[meter.stage]
             if per_task:
                 per_task[-1]["backbone"] += output.shape[0] if isinstance(output, torch.Tensor) else 0
