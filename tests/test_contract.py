@@ -178,3 +178,55 @@ def test_every_contract_breach_has_a_fix_and_survives_pickling():
     assert set(BREACH_FIXES) == {b.value for b in Breach}
     again = pickle.loads(pickle.dumps(AdapterError("frozen: fc1.weight", Breach.FROZEN)))
     assert (str(again), again.breach) == ("frozen: fc1.weight", Breach.FROZEN)
+
+
+def _declared(families, allowed=None, name="declared"):
+    """An adapter stand-in with the declarations contract_runs reads (`regimes_allowed` is optional)."""
+    from types import SimpleNamespace
+
+    out = SimpleNamespace(name=name, defaults={}, regime_families=tuple(families), scenarios=("task-il", "class-il"))
+    if allowed is not None:
+        out.regimes_allowed = allowed
+    return out
+
+
+def test_a_refused_contract_regime_is_replaced_by_the_nearest_admitted_one():
+    """head/full where admitted (every method admitting both: unchanged); else the first admitted candidate, on
+    vit-tiny where it needs transformer blocks; a regime with no admitted candidate is skipped."""
+    from harness.api.registry import get_registry
+    from harness.execution.check import contract_runs
+    from harness.methods.slca import refused_regime
+
+    plain = (("head", "small-cnn"), ("full", "small-cnn"))
+    for name, adapter in get_registry().items():
+        if {"depth"} <= set(adapter.regime_families) and getattr(adapter, "regimes_allowed", None) is None:
+            assert contract_runs(adapter) == plain, name
+    assert contract_runs(_declared(("depth", "bitfit", "norm", "lora", "prompt", "prompt-deep"))) == plain
+    assert contract_runs(get_registry()["l2p"]) == (("prompt-l4", "vit-tiny"),)
+    assert contract_runs(_declared(("prompt-deep",))) == (("prompt-deep-l4", "vit-tiny"),)
+    assert contract_runs(_declared(("depth", "lora"), refused_regime)) == (("last-1", "small-cnn"), plain[1])
+    assert contract_runs(_declared(("depth",), lambda r: None if r == "head" else "head only")) == (plain[0],)
+    assert contract_runs(_declared(("lora", "norm"))) == (("norm", "small-cnn"), ("lora-r2", "small-cnn"))
+    assert contract_runs(_declared(("depth",), lambda r: "none")) == plain  # admits nothing: build() says why
+    assert contract_runs(get_registry()["slca"]) == (("last-1", "small-cnn"), plain[1])
+
+    def broken(regime):
+        raise KeyError(regime)
+    assert contract_runs(_declared(("depth",), broken)) == plain  # a raising declaration admits: the run shows more
+
+
+@pytest.mark.slow
+def test_l2p_and_slca_pass_the_contract_under_the_regimes_they_admit(capsys, monkeypatch):
+    """l2p (prompt family only) on vit-tiny under prompt-l4; slca (depth and lora, not head: declared through
+    regimes_allowed) under last-1 and full."""
+    from harness.api.registry import get_registry
+    from harness.execution.check import check_adapter
+
+    monkeypatch.chdir(ROOT)
+    assert main(["check", "l2p"]) == 0
+    out = capsys.readouterr().out
+    assert "✓ [prompt-l4 on vit-tiny] same seed, same accuracy matrix" in out and "[head]" not in out
+    findings, passed = check_adapter(get_registry()["slca"])
+    assert not findings, [f.format() for f in findings]
+    assert any(p.startswith("✓ [last-1] trainable parameters changed") for p in passed)
+    assert any(p.startswith("✓ [full] same seed") for p in passed)

@@ -9,7 +9,10 @@ twice (same seed → same accuracy matrix and bitwise the same final parameters)
 The stream: 2 tasks x 2 classes of Gaussian blobs shaped as 1x8x8 images, written once per
 process to a temporary `npz:` file (the harness's own user-data route, no dataset hook),
 learned by `small-cnn` (its BatchNorm buffers make the frozen-buffer check real) for one
-epoch, under the most frozen (`head`) and the least frozen (`full`) regime.
+epoch, under the most frozen (`head`) and the least frozen (`full`) regime. A method that refuses one of
+them (its `regime_families`, its `regimes_allowed`) is checked under the nearest regime it admits instead
+(`contract_runs`: the candidates of SUBSTITUTES in order, the same family's first), on `vit-tiny` where that
+regime selects nothing on small-cnn (a prompt regime needs transformer blocks; the blobs fit vit-tiny).
 """
 from __future__ import annotations
 
@@ -23,6 +26,13 @@ import numpy as np
 from ..config.vocabulary import FULL, HEAD, Scenario, Status
 
 CONTRACT_REGIMES = (HEAD, FULL)
+CONTRACT_MODEL, TOKEN_MODEL = "small-cnn", "vit-tiny"
+# For a contract regime a method refuses: the regimes to check it under instead, nearest first (the same family's
+# nearest depth, then the other families from the fewest trained parameters for `head`, the most for `full`).
+SUBSTITUTES = {
+    HEAD: ("last-1", "prompt-l4", "prompt-deep-l4", "bitfit", "norm", "lora-r2"),
+    FULL: ("last-1", "lora-r2", "norm", "bitfit", "prompt-deep-l4", "prompt-l4"),
+}
 N_TASKS, CLASSES_PER_TASK = 2, 2
 README = "submissions/README.md"
 
@@ -148,11 +158,13 @@ def check_adapter(adapter, method_files=(), regimes=CONTRACT_REGIMES, device: st
                   label: bool = False) -> tuple[list, list]:
     """(findings, passed) for one registered adapter under each contract regime."""
     findings, passed = [], []
-    for regime in admitted_regimes(adapter, regimes):
-        where = f"{adapter.name}, {regime}" if label else regime
+    for regime, model in contract_runs(adapter, regimes):
+        shown = regime if model == CONTRACT_MODEL else f"{regime} on {model}"
+        where = f"{adapter.name}, {shown}" if label else shown
         scenarios = tuple(getattr(adapter, "scenarios", Scenario))  # task-IL where the method is defined in it
         spec = contract_spec(adapter.name, adapter.defaults, regime,
-                             scenario=Scenario.TASK_IL if Scenario.TASK_IL in scenarios else scenarios[0])
+                             scenario=Scenario.TASK_IL if Scenario.TASK_IL in scenarios else scenarios[0],
+                             model=model)
         first, probe = _run(spec, method_files, device)
         if first.status != Status.OK:
             findings.append(failure_finding(first, where, method_files, probe.error))
@@ -163,28 +175,49 @@ def check_adapter(adapter, method_files=(), regimes=CONTRACT_REGIMES, device: st
     return findings, passed
 
 
-def admitted_regimes(adapter, regimes) -> tuple:
-    """The contract regimes the adapter declares it runs on (its families and `regimes_allowed`): a protocol
-    could never pair it with the others. All of them where it admits none (a prompt-pool method: the contract's
-    small-cnn has no transformer block for the prompt families), as before such declarations."""
+def admits(adapter, regime: str) -> bool:
+    """The adapter runs under `regime`: its family is declared (`regime_families`) and `regimes_allowed`, where
+    the adapter has one, gives no reason against it."""
     from ..config.vocabulary import regime_family, runs_under_family
 
-    families = tuple(getattr(adapter, "regime_families", ()))
+    if not runs_under_family(regime_family(regime), tuple(getattr(adapter, "regime_families", ()) or ())):
+        return False
     allowed = getattr(adapter, "regimes_allowed", None)
-    admitted = tuple(r for r in regimes if (not families or runs_under_family(regime_family(r), families))
-                     and _allows(allowed, r))
-    return admitted or tuple(regimes)
-
-
-def _allows(allowed, regime: str) -> bool:
-    """Whether a `regimes_allowed` declaration admits `regime` (one that raises admits it: the run shows the rest;
-    a protocol naming the method reports the declaration's error in one line)."""
-    if allowed is None:
-        return True
     try:
-        return allowed(regime) is None
-    except Exception:
-        return True
+        return allowed is None or allowed(regime) is None
+    except Exception:  # noqa: BLE001  (one that raises admits it: the run shows the rest; a protocol naming
+        return True    # the method reports the declaration's error in one line)
+
+
+def contract_runs(adapter, regimes=CONTRACT_REGIMES) -> tuple:
+    """((regime, model), ...) the adapter is checked under: each contract regime it admits on small-cnn, and for
+    one it refuses the first candidate of SUBSTITUTES it admits (none: that regime is skipped), each once. A
+    method admitting none of them is checked under the contract regimes (its build() refuses: the finding)."""
+    runs = []
+    for regime in regimes:
+        chosen = regime if admits(adapter, regime) else \
+            next((r for r in SUBSTITUTES.get(regime, ()) if admits(adapter, r)), None)
+        if chosen is not None and (chosen, regime_model(chosen)) not in runs:
+            runs.append((chosen, regime_model(chosen)))
+    return tuple(runs) or tuple((r, CONTRACT_MODEL) for r in regimes)
+
+
+def regime_model(regime: str) -> str:
+    """small-cnn where the regime selects parameters of it, else vit-tiny (prompt regimes need token blocks)."""
+    from ..run.models import build_model
+    from ..run.regimes import inject_adapters, selected_parameters
+
+    if regime not in _MODEL_OF:
+        model = build_model(CONTRACT_MODEL, (1, 8, 8), n_heads=N_TASKS, head_classes=CLASSES_PER_TASK)
+        try:
+            selected_parameters(inject_adapters(model, regime), regime)
+            _MODEL_OF[regime] = CONTRACT_MODEL
+        except ValueError:  # RegimeError: it selects nothing there
+            _MODEL_OF[regime] = TOKEN_MODEL
+    return _MODEL_OF[regime]
+
+
+_MODEL_OF: dict = {}
 
 
 def _run(spec, method_files, device):
@@ -324,14 +357,14 @@ def _tail(trace: str, lines: int = 6) -> str:
 
 
 def contract_spec(method: str, hparams: dict, regime: str, seed: int = 0, epochs: int = 2,
-                  scenario: Scenario = Scenario.TASK_IL):
-    """The RunSpec of one contract run: synthetic 2x2 stream, small-cnn, 2 epochs (a method that
+                  scenario: Scenario = Scenario.TASK_IL, model: str = CONTRACT_MODEL):
+    """The RunSpec of one contract run: synthetic 2x2 stream, small-cnn (or `model`), 2 epochs (a method that
     trains in stages, as BECAME, splits them)."""
     from ..config.pretrain import Pretrain, PretrainKind
     from ..config.specs import DatasetSpec, RunSpec, TrainingSpec
 
     return RunSpec(protocol="contract", protocol_version="1",
-                   dataset=DatasetSpec(synthetic_dataset(), N_TASKS, CLASSES_PER_TASK, "small-cnn"),
+                   dataset=DatasetSpec(synthetic_dataset(), N_TASKS, CLASSES_PER_TASK, model),
                    regime=regime, method=method, label="", hparams=dict(hparams), order=0,
                    class_order=tuple(range(N_TASKS * CLASSES_PER_TASK)), seed=seed, scenario=scenario,
                    pretrain=Pretrain(PretrainKind.FIRST_TASK),

@@ -25,15 +25,15 @@ Deviations (each where it has one, a hyperparameter):
 - The regime's own VPT prompt (harness/api/prompts.py, on the first transformer block) is resized to zero
   tokens: the pool replaces it. The parameter stays registered because the harness re-applies the regime at
   every task and a prompt regime must select a prompt; with zero tokens the block computes exactly timm's
-  Block. The record's `params` are counted before the method is built: `adapters` there is the regime's
-  L x D, not the pool (`harness_diagnostics` gives the pool's size).
+  Block. The record's `params` count the pool (`method_owned`, in `adapters` and `trainable`) and not the
+  emptied regime prompt (harness/run/regimes.py: method_parameter_counts).
 - Prompt positions: the class token's position embedding, which l2p-pytorch's `resize_pos_embed` gives the
   prompt positions of the pretrained weights it loads (norm_pre, CLIP's, applied to the prompts as to every
   token).
 - `use_prompt_mask` / `shared_prompt_pool` (task-specific prompt ranges, off in the official CIFAR-100 config)
   are not offered.
-Known limit: the compute meter hooks the ViT's root module and its last block (`pool`), neither of which the
-prompted pass calls, so `budget.compute` counts the query pass only (one forward per sample, no backward).
+Compute: the meter counts L2PNet's passes as the method's model's (harness/run/compute.py: the query pass as a
+backbone pass, the prompted pass with its backward at the FLOPs of its longer sequence, `harness_flops_forward`).
 Under the harness's class-IL growing head the loss covers the seen classes' columns (ctx.criterion) of logits
 already masked to the task's classes: the same loss as official L2P's fixed head with its mask.
 """
@@ -181,8 +181,18 @@ class L2PNet(nn.Module):
         """What the heads read: the pooled prompt outputs."""
         return self.prompted(x, self.query(x))["pre_logits"]
 
-    def forward(self, x: torch.Tensor, task_labels=None) -> torch.Tensor:
-        return self.logits(x, task_labels)["logits"]
+    def forward(self, x: torch.Tensor, task_labels=None, with_res: bool = False):
+        """The logits; with `with_res` the whole output dict, logits first (the strategy's training forward goes
+        through here, so the compute meter's hook on this module counts it)."""
+        res = self.logits(x, task_labels)
+        return {"logits": res.pop("logits"), **res} if with_res else res["logits"]
+
+    def harness_flops_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The forward the compute meter measures on a meta copy of this model (harness/run/compute.py): the
+        batch-wise choice counts prompts with torch.unique, whose output shape meta tensors cannot know; the
+        per-sample choice of as many (top_k) prompts has the same FLOPs."""
+        self.pool.batchwise_prompt = False  # only ever called on the meter's copy
+        return self(x)
 
 
 class L2P(LearningToPrompt):
@@ -209,7 +219,7 @@ class L2P(LearningToPrompt):
 
     def forward(self):
         """LearningToPrompt.forward with the harness model's query and heads."""
-        self.res = self.model.logits(self.mb_x, self.mb_task_id)
+        self.res = self.model(self.mb_x, self.mb_task_id, with_res=True)
         logits = self.res["logits"]
         if self.is_training and self.used:
             self.used[-1].update(torch.unique(self.res["prompt_idx"]).tolist())

@@ -11,11 +11,23 @@
   record's FLOPs count a cached pass as a whole pass (the method's compute, whichever methods the cache can
   serve), and `executed_flops` what ran with the cache. Not
   counted: a backward pass that starts at the features (no loss on the heads' outputs).
+- A method that trains and evaluates its own model around the run's (strategy.model is a wrapper sharing the
+  run's blocks and heads, with its own forward: prompt pools) gets a third hook, on the wrapper's root: its calls
+  are passes of the wrapper (path `wrapper`, their backward `wrapper_backward`). Passes of the run's model made
+  inside a wrapper call without gradients (a prompt pool's query: `model.features(x)` on the frozen model) are
+  passes of their own, counted as everywhere (a backbone pass each); those made with gradients (DualPrompt's
+  prompted pass through the run model's forward) are the wrapper's pass itself, not counted again. No backward
+  watch inside a wrapper call: the wrapper's covers its graph.
 - FLOPs per sample: measured ONCE per model structure and trainable set on a meta-device copy (no data,
   no hooks: the real model's parameters, buffers, BatchNorm statistics and hooks are never touched), forward
   per block and head, backward for the trainable set (frozen parameters need no weight gradients), with
   torch.utils.flop_counter's per-operator formulas (matmul, conv, attention; element-wise ops count 0),
-  then multiplied by the counted passes.
+  then multiplied by the counted passes. A wrapper's pass: its whole forward measured on a meta copy made with
+  the run's model (shared weights stay shared; `harness_flops_forward(x)` on the wrapper, where it has one,
+  replaces its forward there: a forward with the same FLOPs that meta tensors can run, e.g. without
+  data-dependent shapes), less what the passes of the run's model it makes without gradients cost (the same
+  rule as counted: the query pass is counted once, as a backbone pass); backward: the wrapper's output's, for
+  what trains.
 - Peak memory: the process's peak resident set (VmHWM, reset at the run's start through
   /proc/self/clear_refs) and, on CUDA, torch.cuda.max_memory_allocated.
 - Seconds per stage: training and evaluation (record.timings.train_s, eval_s, as before), the merge (building the
@@ -44,8 +56,8 @@ from ..config.specs import COMPUTE_VERSION
 ENABLED = True
 TRAIN, MERGE = "train", "merge"
 # per task: rows of whole-model calls, backbone passes (in calls or alone), cached-suffix passes, cached-prefix
-# rows and backward rows
-PATHS = ("full", "backbone", "suffix", "prefix", "backward")
+# rows and backward rows; rows of a wrapper model's calls and of their backward passes
+PATHS = ("full", "backbone", "suffix", "prefix", "backward", "wrapper", "wrapper_backward")
 WHAT_FLOPS_COUNT = "matmul/conv/attention FLOPs (torch.utils.flop_counter formulas); element-wise ops not counted"
 _FLOPS_CACHE: dict = {}  # structural key -> per-sample FLOPs; same structure, same numbers (deterministic)
 _CACHE_LIMIT = 64
@@ -86,20 +98,29 @@ HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
                "_load_state_dict_post_hooks")
 
 
-def meta_copy(model: torch.nn.Module) -> torch.nn.Module:
+def meta_copy(model: torch.nn.Module, *others: torch.nn.Module):
     """A copy of `model` on the meta device (shapes, no data) without any hook: running it cannot change the
-    model's parameters, buffers or statistics, nor call a method's hooks."""
+    model's parameters, buffers or statistics, nor call a method's hooks. With `others` (a method's wrapper and the
+    run's model): one copy of all of them (what they share stays shared), as a tuple, and a non-leaf tensor a
+    module keeps (a wrapper's last loss, which deepcopy refuses) copied as a shell."""
+    modules = (model, *others)
     memo = {}
-    for t in [*model.parameters(), *model.buffers()]:
+    for t in [x for m in modules for x in (*m.parameters(), *m.buffers())]:
+        if id(t) in memo:
+            continue
         shell = torch.empty_like(t, device="meta")
         memo[id(t)] = torch.nn.Parameter(shell, requires_grad=t.requires_grad) \
             if isinstance(t, torch.nn.Parameter) else shell
-    for m in model.modules():  # the copy gets empty hook tables: a hook's owner (a plugin) is never copied
-        for hooks in HOOK_TABLES:
+    for m in (sub for module in modules for sub in module.modules()):  # empty hook tables: a hook's owner (a
+        for hooks in HOOK_TABLES:                                         # plugin, the meter) is never copied
             table = getattr(m, hooks, None)
             if isinstance(table, dict):
                 memo[id(table)] = type(table)()
-    return copy.deepcopy(model, memo)
+        for value in vars(m).values() if others else ():  # (a model alone: such a tensor is not measured)
+            if isinstance(value, torch.Tensor) and not value.is_leaf:
+                memo[id(value)] = torch.empty_like(value.detach(), device="meta")
+    copied = copy.deepcopy(modules, memo)
+    return copied if others else copied[0]
 
 
 def _structure_key(model, input_shape) -> tuple:
@@ -142,6 +163,56 @@ def _measure(model, input_shape, rows: int = 2) -> dict:
     return {"blocks": blocks, "head": head, "backward": backward}
 
 
+def wrapper_flops_per_sample(wrapper, model, input_shape) -> dict:
+    """{"forward": the wrapper's own forward FLOPs per sample (its whole forward less the passes of `model` inside
+    it, counted as such), "backward": its output's backward FLOPs per sample, "whole": its whole forward's};
+    measured on a meta copy of both, cached by structure."""
+    key = ("wrapper", type(wrapper).__qualname__, _structure_key(wrapper, input_shape), _structure_key(model, ()))
+    if key not in _FLOPS_CACHE:
+        if len(_FLOPS_CACHE) >= _CACHE_LIMIT:
+            _FLOPS_CACHE.clear()
+        _FLOPS_CACHE[key] = _measure_wrapper(wrapper, model, input_shape)
+    return dict(_FLOPS_CACHE[key])
+
+
+def _measure_wrapper(wrapper, model, input_shape, rows: int = 2) -> dict:
+    """The wrapper's forward for task 0 (`forward(x, 0)`, CLNet's interface; or its `harness_flops_forward(x)`) on
+    two meta rows, the rows its passes of the run's model without gradients carried (the meter's two hooks and its
+    rule, on the copy), and the backward of its output."""
+    inner = flops_per_sample(model, input_shape)
+    clone, net = meta_copy(wrapper, model)
+    seen = dict.fromkeys(("full", "backbone"), 0)
+
+    def counter(path):  # the meter's rule: a pass inside the wrapper's call is one of its own without gradients
+        def hook(module, args, output):
+            if not torch.is_grad_enabled():
+                seen[path] += _rows(output)[0]
+        return hook
+    handles = [net.register_forward_hook(counter("full"))]
+    blocks = getattr(net, "blocks", None)
+    if isinstance(blocks, torch.nn.ModuleDict) and len(blocks):
+        handles.append(list(blocks.values())[-1].register_forward_hook(counter("backbone")))
+    x = torch.zeros((rows, *input_shape), device="meta")
+    hook = getattr(clone, "harness_flops_forward", None)
+    try:
+        with torch.enable_grad():
+            with _FlopCount() as count:  # one head, as the model's own measurement (task 0's)
+                out = clone(x, 0) if hook is None else hook(x)
+            whole = count.total // rows
+            backward = 0
+            tensors = _rows(out)[1]
+            if tensors:
+                with _FlopCount() as count:
+                    sum(t.float().sum() for t in tensors).backward()
+                backward = count.total // rows
+    finally:
+        for handle in handles:
+            handle.remove()
+    per_block = sum(inner["blocks"])
+    nested = (seen["full"] * (per_block + inner["head"]) + max(seen["backbone"] - seen["full"], 0) * per_block)
+    return {"forward": whole - nested // rows, "backward": backward, "whole": whole}
+
+
 def _marked(hook):
     hook.harness_counting = True  # the evaluation cache knows such a hook changes no output
     return hook
@@ -154,11 +225,11 @@ def install_hooks(meter: ComputeMeter, model) -> list:
     calls that reached the heads (and watches their backward). A backbone pass that no model call followed is a
     features-only pass (as_json: backbone − full)."""
     def after(module, args, output):
-        if meter.stage is not None:
+        if meter.stage is not None and not (meter.inside and torch.is_grad_enabled()):
             meter.count("full", output)
 
     def features(module, args, output):
-        if meter.stage is not None and meter.depth == 0:
+        if meter.stage is not None and meter.depth == 0 and not (meter.inside and torch.is_grad_enabled()):
             per_task = meter.counts[meter.stage]
             if per_task:
                 per_task[-1]["backbone"] += output.shape[0] if isinstance(output, torch.Tensor) else 0
@@ -168,6 +239,21 @@ def install_hooks(meter: ComputeMeter, model) -> list:
     if isinstance(blocks, torch.nn.ModuleDict) and len(blocks):
         handles.append(list(blocks.values())[-1].register_forward_hook(_marked(features)))
     return handles
+
+
+def install_wrapper_hook(meter: ComputeMeter, wrapper) -> list:
+    """The hooks on a wrapper model's root: its calls count as `wrapper` passes (and their backward); the run
+    model's passes inside a call count as backbone passes, without a backward watch of their own."""
+    def before(module, args):
+        meter.inside += 1
+
+    def after(module, args, output):
+        meter.inside -= 1
+        if meter.stage is not None:
+            meter.count("wrapper", output)
+
+    return [wrapper.register_forward_pre_hook(_marked(before)),  # always_call: a call that raised leaves no depth
+            wrapper.register_forward_hook(_marked(after), always_call=True)]
 
 
 def _rows(output) -> tuple[int, list]:
@@ -195,6 +281,8 @@ class ComputeMeter:
         self.merge_ops: int | None = None
         self.merged = False  # the harness evaluated another model than the trained one (a merge) at least once
         self.depth = 0  # > 0 inside the prefix cache's own passes (counted by it)
+        self.inside = 0  # > 0 inside a wrapper model's call (its graph's backward is the wrapper's)
+        self.wrapper = None  # the method's own model around the run's (watch()), or None
         self._trainable, self._measured = None, None  # the last trainable set measured, and its FLOPs per sample
         self.unmeasured = None  # why the FLOPs could not be measured (then the record has no budget["compute"])
         self._handles = install_hooks(self, model)
@@ -208,16 +296,16 @@ class ComputeMeter:
         if not per_task:
             return
         per_task[-1][path] += rows
-        if grads and torch.is_grad_enabled():
-            self._watch_backward(per_task[-1], rows, grads)
+        if grads and torch.is_grad_enabled() and not self.inside:
+            self._watch_backward(per_task[-1], rows, grads, "wrapper_backward" if path == "wrapper" else "backward")
 
-    def _watch_backward(self, counts: dict, rows: int, grads) -> None:
+    def _watch_backward(self, counts: dict, rows: int, grads, path: str = "backward") -> None:
         fired = []  # one count per forward, whichever head output the backward reaches first
 
         def on_grad(_grads):
             if not fired:
                 fired.append(True)
-                counts["backward"] += rows
+                counts[path] += rows
         for t in grads:  # a pre-hook on the output's autograd node: half the cost of a tensor hook (measured)
             t.register_hook(on_grad) if t.grad_fn is None else t.grad_fn.register_prehook(on_grad)
 
@@ -242,6 +330,11 @@ class ComputeMeter:
             self.suffix_start[self.task] = end
             self.counts[self.stage][-1]["prefix"] += rows
 
+    def watch(self, wrapper) -> None:
+        """The method trains and evaluates `wrapper`, its own model around the run's: count its passes too."""
+        self.wrapper = wrapper
+        self._handles += install_wrapper_hook(self, wrapper)
+
     # -- stages --
     def start_task(self, model) -> None:
         """A task starts training with the trainable set now applied to `model`: measure its FLOPs (cached)."""
@@ -249,10 +342,14 @@ class ComputeMeter:
         self.task += 1
         for per_task in self.counts.values():
             per_task.append(dict.fromkeys(PATHS, 0))
-        trainable = tuple(p.requires_grad for p in model.parameters())
+        modules = (model,) if self.wrapper is None else (model, self.wrapper)
+        trainable = tuple(p.requires_grad for m in modules for p in m.parameters())
         if trainable != self._trainable and not self.unmeasured:  # only the trainable set may change in a run
             try:
-                self._trainable, self._measured = trainable, flops_per_sample(model, self.input_shape)
+                measured = flops_per_sample(model, self.input_shape)
+                if self.wrapper is not None:
+                    measured["wrapper"] = wrapper_flops_per_sample(self.wrapper, model, self.input_shape)
+                self._trainable, self._measured = trainable, measured
             except Exception as exc:  # noqa: BLE001  (the accounting never fails a run: its compute is not measured)
                 self.unmeasured = f"{type(exc).__name__}: {exc}"[:200]
         self.per_sample.append(self._measured)
@@ -302,6 +399,9 @@ class ComputeMeter:
             fwd += c["full"] * (sum(blocks) + head) + _features_only(c) * sum(blocks) + c["suffix"] * suffix \
                 + (c["prefix"] * sum(blocks[:start]) if as_run else 0)
             bwd += c["backward"] * fps["backward"]
+            if "wrapper" in fps:
+                fwd += c["wrapper"] * fps["wrapper"]["forward"]
+                bwd += c["wrapper_backward"] * fps["wrapper"]["backward"]
         return {"forward": fwd, "backward": bwd}
 
     def as_json(self) -> dict | None:
@@ -314,20 +414,21 @@ class ComputeMeter:
         flops = self._flops(TRAIN)
         out = {"version": COMPUTE_VERSION,
                "forward_samples": sum(_forward(c) for c in train),
-               "backward_samples": sum(c["backward"] for c in train),
+               "backward_samples": sum(_backward(c) for c in train),
                "prefix_samples": sum(c["prefix"] for c in train),
                "forward_per_task": [_forward(c) for c in train],
-               "backward_per_task": [c["backward"] for c in train],
+               "backward_per_task": [_backward(c) for c in train],
                "flops": flops["forward"] + flops["backward"], "forward_flops": flops["forward"],
                "backward_flops": flops["backward"],
-               "forward_flops_per_sample": [sum(p["blocks"]) + p["head"] for p in self.per_sample],
-               "backward_flops_per_sample": [p["backward"] for p in self.per_sample]}
+               "forward_flops_per_sample": [_pass_flops(p) for p in self.per_sample],
+               "backward_flops_per_sample": [p["wrapper"]["backward"] if "wrapper" in p else p["backward"]
+                                             for p in self.per_sample]}
         if any(c["prefix"] or c["suffix"] for c in train):  # the harness's prefix cache served some passes
             out["executed_flops"] = sum(self._flops(TRAIN, as_run=True).values())
         if self.merged or self.merge_ops is not None:
             merge = self.counts[MERGE]
             out["merge"] = {"forward_samples": sum(_forward(c) for c in merge),
-                            "backward_samples": sum(c["backward"] for c in merge),
+                            "backward_samples": sum(_backward(c) for c in merge),
                             "flops": sum(self._flops(MERGE).values())}
             if self.merge_ops is not None:
                 out["merge"]["element_ops"] = int(self.merge_ops)
@@ -355,8 +456,22 @@ def _features_only(counts: dict) -> int:
 
 
 def _forward(counts: dict) -> int:
-    """Forward sample-passes: through the whole model, the backbone alone, or the trainable suffix (cached)."""
-    return counts["full"] + _features_only(counts) + counts["suffix"]
+    """Forward sample-passes: through the whole model, the backbone alone, the trainable suffix (cached), or the
+    method's wrapper model."""
+    return counts["full"] + _features_only(counts) + counts["suffix"] + counts["wrapper"]
+
+
+def _backward(counts: dict) -> int:
+    """Backward sample-passes: the run model's and the wrapper's."""
+    return counts["backward"] + counts["wrapper_backward"]
+
+
+def _pass_flops(per_sample: dict) -> int:
+    """Forward FLOPs per sample of one training pass: the wrapper's whole forward where the method has one (L2P:
+    its query pass and its prompted pass), else the model's."""
+    if "wrapper" in per_sample:
+        return per_sample["wrapper"]["whole"]
+    return sum(per_sample["blocks"]) + per_sample["head"]
 
 
 def _synchronize(device) -> None:

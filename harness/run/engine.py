@@ -45,6 +45,7 @@ from .regimes import (
     changed_frozen,
     frozen_state,
     inject_adapters,
+    method_parameter_counts,
     parameter_counts,
     trainable_blocks,
     trained_effective,
@@ -194,17 +195,20 @@ def _execute(spec, progress, data_dir, download, device, method_files, observer=
     # before build(): copies of the model a method makes (a teacher, a merge) carry the meter's hooks
     meter = progress.compute = ComputeMeter(model, data.input_shape, device) if compute.ENABLED else None
     strategy = _build_strategy(spec, model, harness_plugin, device, method_files, tasks, progress, criterion)
-    _attach_meter(strategy, harness_plugin, meter)
+    _attach_meter(strategy, harness_plugin, meter, model)
+    progress.params = method_parameter_counts(progress.params, model, strategy.model, spec.regime)
     _check_test_data(tasks, fingerprints, None)
     evaluate = _evaluator(spec)
     # Class-IL's initial row: the head as task 1 starts (its classes' units only), as every later row is
     # evaluated over the classes seen so far; a task's classes cannot be answered before their task.
+    # The model the method trains and evaluates: the run's, or the method's own around it (a prompt pool's).
     seen = _see_classes(criterion, spec, 0)
-    progress.init_acc, progress.init_task_aware = _timed_eval(model, tasks, spec, device, progress, evaluate, seen)
+    progress.init_acc, progress.init_task_aware = _timed_eval(strategy.model, tasks, spec, device, progress,
+                                                              evaluate, seen)
     curve = progress.continual
     if curve:
         curve.start_task(0, seen)
-        curve.point(model, 0)
+        curve.point(strategy.model, 0)
     for t, experience in enumerate(to_avalanche(host_tasks, resident=tasks).train_stream):
         t0 = time.perf_counter()
         apply_regime(strategy.model, first_regime if t == 0 else spec.regime)
@@ -253,9 +257,12 @@ def _snapshot(evaluated, strategy, earlier: list) -> dict:
     return taken
 
 
-def _attach_meter(strategy, harness_plugin, meter) -> None:
-    """The meter pauses during the harness's curve points and counts the prefix cache's own passes."""
+def _attach_meter(strategy, harness_plugin, meter, model=None) -> None:
+    """The meter pauses during the harness's curve points and counts the prefix cache's own passes; it counts the
+    passes of the method's own model where that is not the run's (a wrapper around it)."""
     harness_plugin.compute = meter
+    if meter is not None and model is not None and strategy.model is not model:
+        meter.watch(strategy.model)
     cache = getattr(strategy, "harness_cache", None)
     if cache is not None:
         cache.meter = meter

@@ -224,6 +224,25 @@ def parameter_counts(model: CLNet, regime: str) -> dict:
             "adapters": adapters, "fraction": (trainable_shared + heads) / total if total else 0.0}
 
 
+def method_parameter_counts(before: dict, model: CLNet, trained, regime: str) -> dict:
+    """The record's `params` once the method is built: `before` (parameter_counts before build) where the method
+    trains the run's model; where it trains its own model around it (`trained`, a prompt pool's wrapper), the
+    run's model recounted as build() left it (L2P's regime prompt resized to zero tokens) plus the wrapper's
+    own parameters (not the run's model's) as added ones: in `adapters` and, those that train, in `trainable`;
+    `method_owned` says how many they are."""
+    if trained is model or not isinstance(trained, torch.nn.Module):
+        return before
+    ours = {id(p) for p in model.parameters()}
+    owned = [p for p in trained.parameters() if id(p) not in ours]
+    counts = parameter_counts(model, regime)
+    added, trains = sum(p.numel() for p in owned), sum(p.numel() for p in owned if p.requires_grad)
+    counts["adapters"] += added
+    counts["trainable"] += trains
+    counts["method_owned"] = added
+    counts["fraction"] = counts["trainable"] / counts["total"] if counts["total"] else 0.0
+    return counts
+
+
 def trained_effective(model: CLNet, regime: str) -> list[str]:
     """Plain names of the effective weights the regime changes (a LoRA layer's weight for its adapters, a
     prompt itself)."""
