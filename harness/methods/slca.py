@@ -335,5 +335,5 @@ ADAPTERS = (
                   regime_families=(Family.DEPTH, Family.LORA),
                   regime_note=("a slow learner trains the backbone's blocks or LoRA adapters at a small learning rate "
                                "(regime head, no backbone, is refused too)"),
-                  scenarios=(Scenario.CLASS_IL,), regimes_allowed=refused_regime),
+                  scenarios=(Scenario.CLASS_IL,)),
 )
