@@ -104,10 +104,10 @@ def half_length(length: int, what: str) -> int:
 
 def regime_refusal(regime: str) -> str | None:
     """Why `regime` cannot carry a prefix pool (an odd prompt length), else None (for a protocol-load check)."""
-    from ..config.vocabulary import parse_regime
+    from ..config.vocabulary import Family, parse_regime
 
     parsed = parse_regime(regime)
-    if parsed.family == "prompt" and parsed.rank is not None and int(parsed.rank) % 2:
+    if parsed.family == Family.PROMPT and parsed.rank is not None and int(parsed.rank) % 2:
         return (f"regime {regime!r}: prefix prompt pools split each prompt of L tokens in halves for keys and "
                 "values (the official code); allowed: an even L")
     return None

@@ -54,7 +54,9 @@ from ..api.contract import MethodAdapter, Range
 from ..api.prompts import token_blocks
 from ..config.vocabulary import Family, Scenario, parse_regime
 
-HEAD_TYPES = ("prompt", "token+prompt", "token")  # l2p-pytorch's forward_head (gap needs global_pool avg: not here)
+PROMPT_HEAD, TOKEN_PROMPT_HEAD, TOKEN_HEAD = "prompt", "token+prompt", "token"
+# l2p-pytorch's forward_head (gap needs global_pool avg: not here)
+HEAD_TYPES = (PROMPT_HEAD, TOKEN_PROMPT_HEAD, TOKEN_HEAD)
 AUTOCAST_ATTRIBUTE = "harness_autocast"  # the run's precision on its model (harness/run/precision.py)
 
 
@@ -159,9 +161,9 @@ class L2PNet(nn.Module):
     def pre_logits(self, h: torch.Tensor, n: int) -> torch.Tensor:
         """forward_head's pooling: the mean of the prompt tokens' outputs (or of them and the class token, or the
         class token)."""
-        if self.head_type == "prompt":
+        if self.head_type == PROMPT_HEAD:
             return h[:, 1:1 + n].mean(dim=1)
-        if self.head_type == "token+prompt":
+        if self.head_type == TOKEN_PROMPT_HEAD:
             return h[:, :1 + n].mean(dim=1)
         return h[:, 0]
 
