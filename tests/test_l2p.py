@@ -204,3 +204,19 @@ def test_a_protocol_pairs_l2p_with_prompt_regimes_only(tmp_path):
     path.write_text(text % "prompt-l5, head")
     with pytest.raises(ProtocolError, match="l2p cannot run faithfully under regime 'head'"):
         load_protocol(path, get_registry())
+
+
+def test_evaluation_votes_over_chunks_of_the_official_evaluation_batch():
+    model = _harness_l2p(_timm_tiny(), batchwise=True, head_type="prompt")
+    x = torch.randn(40, 1, 8, 8, generator=torch.Generator().manual_seed(3))
+    whole = model(x, 0)  # eval_prompt_batch 0: one vote over the 40 rows
+    model.eval_prompt_batch = 16
+    chunked = model(x, 0)
+    model.eval_prompt_batch = 0
+    by_hand = torch.cat([model(x[s:s + 16], 0) for s in (0, 16, 32)])  # three official evaluation batches
+    assert torch.equal(chunked, by_hand)
+    assert torch.equal(torch.cat([model.features(x[s:s + 16]) for s in (0, 16, 32)]),
+                       (setattr(model, "eval_prompt_batch", 16), model.features(x))[1])
+    assert not torch.equal(whole, chunked)  # the vote does depend on its batch: the chunking is not a no-op
+    model.train()
+    assert torch.equal(model(x, 0), model(x, 0))  # training batches are the harness's own: never chunked

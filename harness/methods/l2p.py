@@ -20,6 +20,10 @@ the prompt length is the regime's L (`prompt-lL`; official 5). tests/test_l2p.py
 batched prompts, reduce_sim and the logits against the official code on identical tensors.
 
 Deviations (each where it has one, a hyperparameter):
+- Evaluation batch of the batch-wise choice: the official code votes over its evaluation batch (16 per
+  device, `--batch-size 16`); the harness evaluates a task's test set in batches of the protocol's size (1024 in
+  vit-sweep-mini), over which the vote would all but know the task. `eval_prompt_batch` (default 16) makes
+  evaluation vote over consecutive chunks of that many test rows (0: over the harness's batch).
 - Optimizer and learning rate: the protocol's (official: Adam, lr 0.03 x batch / 256, constant), so every
   method of a protocol trains alike; the optimizer is reset at every task, as official `reinit_optimizer`.
 - The regime's own VPT prompt (harness/api/prompts.py, on the first transformer block) is resized to zero
@@ -97,8 +101,9 @@ class L2PNet(nn.Module):
     prompt pool. Same interface as CLNet: `forward(x, task_labels)`, `features(x)`, `blocks`, `heads`
     (plus what a regime sets on it: `frozen_blocks`, `frozen_modules`, kept on the ViT itself)."""
 
-    def __init__(self, model, pool: Prompt, head_type: str = "prompt"):
+    def __init__(self, model, pool: Prompt, head_type: str = "prompt", eval_prompt_batch: int = 0):
         super().__init__()
+        self.eval_prompt_batch = int(eval_prompt_batch)  # > 0: evaluation picks prompts per chunk of this many
         self.blocks = model.blocks
         self.heads = model.heads
         self.pool = pool
@@ -181,11 +186,27 @@ class L2PNet(nn.Module):
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """What the heads read: the pooled prompt outputs."""
+        if self._chunked(x):
+            return torch.cat([self.features(x[s:s + self.eval_prompt_batch]) for s in self._starts(x)])
         return self.prompted(x, self.query(x))["pre_logits"]
+
+    def _chunked(self, x: torch.Tensor) -> bool:
+        # Batch-wise selection votes over the batch: in evaluation it does so over the official evaluation batch
+        # (`eval_prompt_batch`), not over whatever batch the harness evaluates with (most of a task's test set).
+        return (not self.training and self.pool.batchwise_prompt and self.eval_prompt_batch > 0
+                and len(x) > self.eval_prompt_batch)
+
+    def _starts(self, x: torch.Tensor) -> range:
+        return range(0, len(x), self.eval_prompt_batch)
 
     def forward(self, x: torch.Tensor, task_labels=None, with_res: bool = False):
         """The logits; with `with_res` the whole output dict, logits first (the strategy's training forward goes
         through here, so the compute meter's hook on this module counts it)."""
+        if not with_res and self._chunked(x):
+            n = self.eval_prompt_batch
+            per_row = not (isinstance(task_labels, int) or task_labels is None)
+            return torch.cat([self.forward(x[s:s + n], task_labels[s:s + n] if per_row else task_labels)
+                              for s in self._starts(x)])
         res = self.logits(x, task_labels)
         return {"logits": res.pop("logits"), **res} if with_res else res["logits"]
 
@@ -257,7 +278,7 @@ def make_pool(embed_dim: int, length: int, pool_size: int, top_k: int, batchwise
 
 
 def build_l2p(ctx, pool_size=10, top_k=5, batchwise_prompt=True, sim_coefficient=0.1, head_type="prompt",
-              train_mask=True, clip_grad=1.0):
+              train_mask=True, clip_grad=1.0, eval_prompt_batch=16):
     """L2P on the regime-frozen ViT: its prompt pool replaces the regime's prompt."""
     if int(top_k) > int(pool_size):
         raise ValueError(f"l2p: top_k={top_k} exceeds pool_size={pool_size}; allowed: top_k <= pool_size")
@@ -266,7 +287,7 @@ def build_l2p(ctx, pool_size=10, top_k=5, batchwise_prompt=True, sim_coefficient
     drop_regime_prompt(ctx.model)
     embed_dim = next(iter(token_blocks(ctx.model).values())).embed_dim
     pool = make_pool(embed_dim, length, int(pool_size), int(top_k), bool(batchwise_prompt))  # the run's seeded RNG
-    model = L2PNet(ctx.model, pool.to(ctx.device), str(head_type))
+    model = L2PNet(ctx.model, pool.to(ctx.device), str(head_type), int(eval_prompt_batch))
     return L2P(ctx=ctx, model=model, sim_coefficient=sim_coefficient, use_mask=train_mask, clip_grad=clip_grad)
 
 
@@ -274,7 +295,7 @@ ADAPTERS = (
     MethodAdapter(
         "l2p",
         dict(pool_size=10, top_k=5, batchwise_prompt=True, sim_coefficient=0.1, head_type="prompt",
-             train_mask=True, clip_grad=1.0),
+             train_mask=True, clip_grad=1.0, eval_prompt_batch=16),
         build_l2p,
         "Learning to Prompt: a pool of input prompts chosen per batch by key-query matching on the frozen "
         "model's class token, pull constraint on the chosen keys, logits masked to the task's classes",
@@ -284,7 +305,8 @@ ADAPTERS = (
         captions={"l2p_pool_parameters": "parameters of the prompt pool (prompts and keys)",
                   "l2p_prompts_used": "pool prompts the task's training batches chose"},
         hparam_ranges={"pool_size": Range(low=1), "top_k": Range(low=1), "sim_coefficient": Range(low=0),
-                       "head_type": Range(choices=HEAD_TYPES), "clip_grad": Range(low=0)},
+                       "head_type": Range(choices=HEAD_TYPES), "clip_grad": Range(low=0),
+                       "eval_prompt_batch": Range(low=0)},
         regime_families=(Family.PROMPT,),
         regime_note="its prompt pool replaces the regime's input prompt on a frozen backbone (prompt-lL: L is "
                     "each pool prompt's length)",
