@@ -254,6 +254,8 @@ def test_a_class_il_run_on_vit_tiny_gives_a_record_and_the_same_record_twice(met
     seen = {}
 
     def observe(event, t, strategy):
+        whole = {n: p.detach().clone() for n, p in strategy.model.pool.named_parameters()}
+        seen[event, t] = whole  # every row of the pool, before and after each task
         if event == "after_task":
             assert strategy.past_classes == 2 * t  # class-IL: the official last_valid_out_dim, masked in training
             seen[t] = ({k: v.clone() for k, v in strategy.harness_state().items()},
@@ -265,7 +267,14 @@ def test_a_class_il_run_on_vit_tiny_gives_a_record_and_the_same_record_twice(met
     state, backbone = seen[2]
     pool = dict(seen[0][0])
     assert state and all(k.startswith("prompts.") for k in state)
-    assert any(not torch.equal(state[k], pool[k]) for k in state)  # the pool trained
+    if method == "coda-prompt":  # the norms see the components in use: 3 per task of 3 (pool 9)
+        assert {v.shape[0] for v in pool.values()} == {3} and {v.shape[0] for v in state.values()} == {9}
+        assert all(torch.equal(state[k][:3], pool[k]) for k in state)  # task 1's components: frozen after it
+        # past components are frozen and a task's own are new rows: CODA's prompt updates are 0 by construction
+        assert first.update_norms["per_block"]["prompts"][1:] == [0.0, 0.0]
+    for t in range(3):  # the pool trains in every task
+        before, after = seen["before_task", t], seen["after_task", t]
+        assert any(not torch.equal(before[k], after[k]) for k in before)
     for name, tensor in backbone.items():  # the backbone frozen; the regime's VPT prompt emptied
         assert torch.equal(tensor, seen[0][1][name]), name
     assert backbone["blocks.block1.prompt"].numel() == 0

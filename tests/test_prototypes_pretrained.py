@@ -23,7 +23,8 @@ ORDER = (3, 1, 4, 0, 5, 9, 2, 6, 8, 7)
 
 def vit_spec(method, regime, n_tasks=N_TASKS, epochs=1, **overrides):
     """A class-IL run on digits with a vit-tiny of the seeded initial weights as its 'pretrained' backbone."""
-    return make_spec(method=method, regime=regime, scenario="class-il", pretrain="none", class_order=ORDER,
+    overrides = {"pretrain": "none", **overrides}
+    return make_spec(method=method, regime=regime, scenario="class-il", class_order=ORDER,
                      dataset=DatasetSpec("digits", n_tasks, CPT, "vit-tiny"),
                      training=TrainingSpec(lr=0.01, momentum=0.9, epochs=epochs, batch_size=32), **overrides)
 
@@ -218,3 +219,10 @@ def test_a_submitted_file_declares_regimes_allowed_and_a_bad_declaration_is_refu
 def test_class_il_only():
     with pytest.raises(ProtocolError, match="simplecil is defined in class-il only"):
         parse_protocol({**protocol("simplecil", ["head"]), "scenario": "task-il"}, "p.yaml", get_registry())
+
+
+def test_aper_under_first_task_pretraining_fails_in_one_line():
+    """Task 1 would train every weight before the branch could be kept: no pretrained branch (the review's case)."""
+    record = run_one(vit_spec("aper", "lora-r4", pretrain="first-task"), device="cpu")
+    assert record.status == "failed" and "\n" not in record.error
+    assert "under pretrain: first-task task 1 trains every weight" in record.error and "allowed:" in record.error

@@ -266,8 +266,12 @@ class PromptPoolStrategy(SupervisedTemplate):
         return loss
 
     def harness_state(self) -> dict[str, torch.Tensor]:
-        """Every parameter of the pool, as `prompts.<name>` (detached)."""
-        return {f"prompts.{n}": p.detach() for n, p in self.model.pool.named_parameters()}
+        """Every parameter of the pool, as `prompts.<name>` (detached); a pool that grows by components (CODA's
+        `live_rows()`) gives only the rows in use, so that the norms compare learnt components and a task's
+        freshly initialised ones count from the task that trains them (rows new at t add nothing to u_t)."""
+        pool = self.model.pool
+        rows = pool.live_rows() if hasattr(pool, "live_rows") else None
+        return {f"prompts.{n}": (p if rows is None else p[:rows]).detach() for n, p in pool.named_parameters()}
 
 
 def build_prompt_pool(ctx, make_pool, layers, mask_past: bool) -> PromptPoolStrategy:

@@ -95,6 +95,10 @@ class CodaPromptPool(nn.Module):
         pt = int(self.e_pool_size / self.n_tasks)
         return int(self.task_count * pt), int((self.task_count + 1) * pt)
 
+    def live_rows(self) -> int:
+        """Components in use so far (past tasks' and the current task's): the rows update norms compare."""
+        return self.span()[1]
+
     @torch.no_grad()
     def _reinit(self, t: nn.Parameter) -> None:
         t.copy_(gram_schmidt(t.detach(), *self.span(), self.generator))  # in place: the optimizer keeps it

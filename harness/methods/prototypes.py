@@ -362,6 +362,10 @@ def build_simplecil(ctx):
 def build_aper(ctx):
     """Task 1 adapts (the regime's PEFT parameters and the head); then prototypes on [pretrained, adapted] features."""
     class_il_only(ctx, "aper")
+    if ctx.pretrain.first_task:  # task 1 trains the whole model: there is no pretrained branch to keep beside it
+        raise ValueError("aper keeps the pretrained model beside the adapted one, and under pretrain: first-task "
+                         "task 1 trains every weight; allowed: pretrained weights (pretrain: timm, checkpoint or "
+                         "dataset)")
     pretrained = pretrained_copy(ctx.model)
 
     def features(model, x):
