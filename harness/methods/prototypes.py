@@ -362,10 +362,12 @@ def build_simplecil(ctx):
 def build_aper(ctx):
     """Task 1 adapts (the regime's PEFT parameters and the head); then prototypes on [pretrained, adapted] features."""
     class_il_only(ctx, "aper")
-    if ctx.pretrain.first_task:  # task 1 trains the whole model: there is no pretrained branch to keep beside it
-        raise ValueError("aper keeps the pretrained model beside the adapted one, and under pretrain: first-task "
-                         "task 1 trains every weight; allowed: pretrained weights (pretrain: timm, checkpoint or "
-                         "dataset)")
+    if ctx.pretrain.first_task:
+        # No pretrained weights: task 1 trains the whole model (APER-Finetune's adaptation), and the model the
+        # protocol pretrains is that same task-1 model, so both branches are it. [f, f] has the cosine similarities
+        # of f: APER is SimpleCIL on the task-1 model, run as that (no copy of an initial model of random weights).
+        return FrozenFeatureStrategy(classifier=CosinePrototypes(ctx.model.head_classes), features=model_features,
+                                     adapt_first=True, **ctx.strategy_kwargs())
     pretrained = pretrained_copy(ctx.model)
 
     def features(model, x):
