@@ -1,6 +1,5 @@
 """Every registered method passes the adapter contract; discovery; the examples; `cl-bench submit`."""
 import contextlib
-import dataclasses
 import json
 import textwrap
 import types
@@ -36,22 +35,22 @@ def one_thread(monkeypatch):
 
 # ---- the contract, over the whole registry -----------------------------------------------------
 
-# The contract checks an adapter's wiring, not its scale: ranpac's official M = 10000 would cost 72 CPU solves of a
-# 10000 x 10000 system here (minutes); its wiring is the same at M = 64.
-# DualPrompt's and CODA-Prompt's official layers (ViT-B/16's blocks 0-4) are beyond vit-tiny's 3 transformer blocks
-# (the contract's prompt model): its blocks 0-2, as a vit-tiny protocol sets them.
-CONTRACT_HPARAMS = {"ranpac": {"M": 64}, "dualprompt": {"g_layers": [0], "e_layers": [1, 2]},
-                    "coda-prompt": {"e_layers": [0, 1, 2], "pool_size": 10}}
-
-
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_every_registered_method_passes_the_contract(name):
     adapter = REGISTRY[name]
-    if name in CONTRACT_HPARAMS:
-        adapter = dataclasses.replace(adapter, defaults={**adapter.defaults, **CONTRACT_HPARAMS[name]})
     findings, passed = check_adapter(adapter)
     assert not findings, "\n".join(f.format() for f in findings)
     assert len(passed) == 5 * len(contract_runs(adapter))  # 5 checks per regime it is checked under
+
+
+def test_check_runs_a_method_with_its_check_hparams_and_says_so(capsys):
+    """DualPrompt's official layers (ViT-B/16's blocks 0-4) do not exist on the check's vit-tiny: the check
+    runs it with its CHECK_HPARAMS, prints them, and a run is not affected by them."""
+    assert main(["check", "dualprompt"]) == 0
+    out = capsys.readouterr().out
+    assert "checked with CHECK_HPARAMS={'g_layers': [0], 'e_layers': [1, 2]}" in out
+    assert "dualprompt: the adapter contract holds" in out
+    assert REGISTRY["dualprompt"].defaults["e_layers"] == [2, 3, 4]
 
 
 def test_registry_holds_builtins_and_the_example_submissions():
@@ -109,6 +108,10 @@ def test_collision_between_two_files_names_both(subs, tmp_path):
     ("NAME = 'x'\nDEFAULTS = {'lam': 1.0}\ndef build(ctx):\n    pass\n",
      r"bad\.py: build\(ctx\) of 'x' cannot be called as build\(ctx, \*\*DEFAULTS\).*'lam'"),
     ("ADAPTERS = ('naive',)\n", r"bad\.py: ADAPTERS must be a tuple of harness\.api\.contract\.MethodAdapter"),
+    ("NAME = 'x'\nDEFAULTS = {'k': 1}\nCHECK_HPARAMS = {'K': 2}\ndef build(ctx, k):\n    pass\n",
+     r"bad\.py: CHECK_HPARAMS of 'x' names K, not in DEFAULTS; allowed: k"),
+    ("NAME = 'x'\nDEFAULTS = {'k': 1}\nCHECK_HPARAMS = [('k', 2)]\ndef build(ctx, k):\n    pass\n",
+     r"bad\.py: CHECK_HPARAMS of 'x' must be a dict .*list"),
 ])
 def test_ill_formed_submission_fails_discovery_with_file_and_reason(subs, body, message):
     (subs / "bad.py").write_text(body)

@@ -49,7 +49,10 @@ class MethodAdapter:
     `regimes_allowed`: a finer declaration within the families, regime by regime (e.g. `head` but not
     `last-k` in the depth family): `regimes_allowed(regime_name)` returns None where the method runs
     faithfully, else one clause saying why not and what is allowed (a protocol pairing it is refused at
-    load, in one line); None: every regime of `regime_families`.
+    load, in one line); None: every regime of `regime_families`;
+    `check_hparams`: hyperparameters `cl-bench check` sets over `defaults`, where a default fits a paper-scale
+    model but not the check's small one (e.g. prompt layers 0-4 of ViT-B/16 on vit-tiny's 3 blocks); the
+    check prints them. Runs never see them.
     """
 
     name: str
@@ -69,6 +72,7 @@ class MethodAdapter:
     regime_note: str = ""
     scenarios: tuple[str, ...] = tuple(Scenario)
     regimes_allowed: Callable[[str], str | None] | None = None
+    check_hparams: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)

@@ -88,10 +88,28 @@ def adapters_from_module(module, source: str) -> list[MethodAdapter]:
                             regime_families=tuple(getattr(module, "REGIME_FAMILIES", Family)),
                             regime_note=str(getattr(module, "REGIME_NOTE", "")),
                             scenarios=_as_tuple(getattr(module, "SCENARIOS", tuple(Scenario))),
-                            regimes_allowed=getattr(module, "REGIMES_ALLOWED", None))
+                            regimes_allowed=getattr(module, "REGIMES_ALLOWED", None),
+                            check_hparams=getattr(module, "CHECK_HPARAMS", {}))
     adapter = validate_adapter(adapter, source)
     return [dataclasses.replace(adapter, defaults=dict(adapter.defaults), captions=dict(adapter.captions),
-                                hparam_types=dict(adapter.hparam_types), hparam_ranges=dict(adapter.hparam_ranges))]
+                                hparam_types=dict(adapter.hparam_types), hparam_ranges=dict(adapter.hparam_ranges),
+                                check_hparams=dict(adapter.check_hparams))]
+
+
+def _check_check_hparams(adapter: MethodAdapter, source: str) -> None:
+    """CHECK_HPARAMS: a dict over hyperparameters of DEFAULTS, with plain JSON values."""
+    values = adapter.check_hparams
+    if not hasattr(values, "items") or not all(isinstance(k, str) for k in values):
+        raise RegistryError(f"{source}: CHECK_HPARAMS of {adapter.name!r} must be a dict of hyperparameter names "
+                            f"to values, got {type(values).__name__}")
+    unknown = sorted(set(values) - set(adapter.defaults))
+    if unknown:
+        raise RegistryError(f"{source}: CHECK_HPARAMS of {adapter.name!r} names {', '.join(unknown)}, not in DEFAULTS; "
+                            f"allowed: {', '.join(sorted(adapter.defaults)) or 'none (DEFAULTS is empty)'}")
+    try:
+        json.dumps(dict(values), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise RegistryError(f"{source}: CHECK_HPARAMS of {adapter.name!r} must hold plain JSON values: {exc}") from None
 
 
 def _as_tuple(value):
@@ -134,6 +152,7 @@ def validate_adapter(adapter: MethodAdapter, source: str) -> MethodAdapter:
     if adapter.regimes_allowed is not None and not callable(adapter.regimes_allowed):
         raise RegistryError(f"{source}: REGIMES_ALLOWED of {name!r} must be a function regime -> None or a "
                             f"one-clause reason to refuse it, got {type(adapter.regimes_allowed).__name__}")
+    _check_check_hparams(adapter, source)
     if not isinstance(adapter.version, str) or not adapter.version:
         raise RegistryError(f"{source}: the version of {name!r} must be a non-empty string, got {adapter.version!r}")
     return adapter

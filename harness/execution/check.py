@@ -13,6 +13,8 @@ epoch, under the most frozen (`head`) and the least frozen (`full`) regime. A me
 them (its `regime_families`, its `regimes_allowed`) is checked under the nearest regime it admits instead
 (`contract_runs`: the candidates of SUBSTITUTES in order, the same family's first), on `vit-tiny` where that
 regime selects nothing on small-cnn (a prompt regime needs transformer blocks; the blobs fit vit-tiny).
+An adapter's `check_hparams` replace defaults that fit a paper-scale model only (ViT-B/16's prompt layers 0-4
+are beyond vit-tiny's 3 blocks); the "loads" line prints them.
 """
 from __future__ import annotations
 
@@ -143,7 +145,8 @@ def _resolve(target: str):
 
 
 def _describe(adapter) -> str:
-    return f"NAME={adapter.name!r}, DEFAULTS={adapter.defaults!r} ({adapter.source})"
+    checked = f", checked with CHECK_HPARAMS={dict(adapter.check_hparams)!r}" if adapter.check_hparams else ""
+    return f"NAME={adapter.name!r}, DEFAULTS={adapter.defaults!r}{checked} ({adapter.source})"
 
 
 def _load_finding(message: str) -> Finding:
@@ -162,7 +165,7 @@ def check_adapter(adapter, method_files=(), regimes=CONTRACT_REGIMES, device: st
         shown = regime if model == CONTRACT_MODEL else f"{regime} on {model}"
         where = f"{adapter.name}, {shown}" if label else shown
         scenarios = tuple(getattr(adapter, "scenarios", Scenario))  # task-IL where the method is defined in it
-        spec = contract_spec(adapter.name, adapter.defaults, regime,
+        spec = contract_spec(adapter.name, {**adapter.defaults, **adapter.check_hparams}, regime,
                              scenario=Scenario.TASK_IL if Scenario.TASK_IL in scenarios else scenarios[0],
                              model=model)
         first, probe = _run(spec, method_files, device)

@@ -172,5 +172,6 @@ ADAPTERS = (
         regime_families=(Family.PROMPT,), regimes_allowed=regime_refusal,
         regime_note="a prompt pool trains its components and the heads on the frozen backbone; prompt-lL gives the "
                     "prompt length L (even: halves for keys and values), the pool replaces the VPT prompt",
+        check_hparams={"e_layers": [0, 1, 2], "pool_size": 10},  # ViT-B/16's blocks 0-4 as vit-tiny's 0-2
     ),
 )

@@ -126,5 +126,6 @@ ADAPTERS = (
         regime_families=(Family.PROMPT,), regimes_allowed=regime_refusal,
         regime_note="a prompt pool trains its prompts and the heads on the frozen backbone; prompt-lL gives the "
                     "E-prompt length L (even: halves for keys and values), the pool replaces the VPT prompt",
+        check_hparams={"g_layers": [0], "e_layers": [1, 2]},  # ViT-B/16's blocks 0-4 as vit-tiny's 0-2
     ),
 )

@@ -148,5 +148,6 @@ ADAPTERS = (
         regime_families=(Family.DEPTH, *PEFT_FAMILIES),
         regime_note="a prototype method on a frozen backbone (optionally a first-session PEFT adaptation)",
         scenarios=(Scenario.CLASS_IL,), regimes_allowed=ranpac_regimes,
+        check_hparams={"M": 64},  # the wiring is the same; M = 10000 is 72 CPU solves of a 10000 x 10000 system
         captions={"ranpac_lambda": "the ridge parameter λ chosen after each task (official grid 10^-8..10^8)"}),
 )
